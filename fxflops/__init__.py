@@ -1,0 +1,45 @@
+"""fxflops: FLOPs, bytes, per-size time and MFU of the FX graphs torch.compile really runs.
+
+``import fxflops`` stays light: the backend, the recorder and the integrations are loaded on
+first use, and vLLM, matplotlib and CUDA only where they are used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "analyze": "fxflops.analysis",
+    "GraphCost": "fxflops.cost",
+    "NodeCost": "fxflops.cost",
+    "CostAt": "fxflops.cost",
+    "register_formula": "fxflops.formulas",
+    "register_zero_flop": "fxflops.formulas",
+    "register_bytes": "fxflops.formulas",
+    "backend": "fxflops.backend",
+    "recorder": "fxflops.recorder",
+    "load_report": "fxflops.report",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from fxflops.analysis import analyze
+    from fxflops.backend import backend
+    from fxflops.cost import CostAt, GraphCost, NodeCost
+    from fxflops.formulas import register_bytes, register_formula, register_zero_flop
+    from fxflops.recorder import recorder
+    from fxflops.report import load_report
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fxflops' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

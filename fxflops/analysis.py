@@ -1,0 +1,290 @@
+"""The FX pass: annotate every node with its cost and total it per graph.
+
+Like ``torch/fx/passes/shape_prop.py``, a short interpreter that writes into ``node.meta``
+and nothing else. Each node's cost comes from the same dispatcher view ``FlopCounterMode``
+has: aten-level nodes go straight to their formula; torch-level nodes (Dynamo graphs:
+``F.linear``, tensor methods, ``call_module``) are re-run on their fake example values under
+a counting dispatch mode that decomposes exactly as ``FlopCounterMode`` does. Shapes may be
+symbolic; counts then are sympy expressions of the graph's size symbols. Real tensors are
+never run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.node import map_aggregate
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from fxflops import formulas
+from fxflops.cost import Count, GraphCost, NodeCost, clean_module_path, to_count, total
+
+log = logging.getLogger("fxflops")
+_warned: set[str] = set()
+
+
+def warn_once(key: str, msg: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+# Metadata queries FlopCounterMode lets through uncounted; so do we.
+_METADATA_OPS = {
+    torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_storage_offset.default, torch.ops.aten.is_contiguous.default,
+    torch.ops.aten.stride.default, torch.ops.aten.size.default, torch.ops.aten.dim.default,
+    torch.ops.aten.numel.default, torch.ops.prim.layout.default, torch.ops.prim.device.default,
+}
+
+_AUTO_FUNCTIONALIZED = {
+    torch.ops.higher_order.auto_functionalized,
+    getattr(torch.ops.higher_order, "auto_functionalized_v2", None),
+}
+
+
+class _OpTally:
+    """What the ops of one node add up to."""
+
+    __slots__ = ("flops", "matmul_flops", "uncounted", "only_views", "runtime", "runtime_coeff")
+
+    def __init__(self) -> None:
+        self.flops: list[Any] = []
+        self.matmul_flops: list[Any] = []
+        self.uncounted: list[str] = []
+        self.only_views = True
+        self.runtime: str | None = None
+        self.runtime_coeff: Any = 0
+
+    def add(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        name = formulas.op_name(func)
+        formula = formulas.FORMULAS.get(name)
+        is_view = isinstance(func, torch._ops.OpOverload) and func.is_view
+        if not is_view and name != "_operator.getitem":
+            self.only_views = False
+        if formula is not None:
+            flops = formula.fn(*args, out_val=out, **kwargs)
+            if formula.runtime:
+                self.runtime, self.runtime_coeff = formula.runtime, flops
+                return
+            self.flops.append(flops)
+            if formula.kind == "matmul":
+                self.matmul_flops.append(flops)
+        elif formulas.is_zero_flop(func):
+            return
+        elif formulas.is_pointwise(func):
+            first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), None)
+            if first is not None:
+                self.flops.append(first.numel())
+        else:
+            self.uncounted.append(name)
+
+
+class _CountingMode(TorchDispatchMode):
+    """Counts aten ops the way ``FlopCounterMode`` does: decompose what has no formula."""
+
+    def __init__(self, tally: _OpTally) -> None:
+        super().__init__()
+        self.tally = tally
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in _METADATA_OPS:
+            return func(*args, **kwargs)
+        if formulas.op_name(func) not in formulas.FORMULAS:
+            with self:
+                r = func.decompose(*args, **kwargs)
+                if r is not NotImplemented:
+                    return r
+        out = func(*args, **kwargs)
+        self.tally.add(func, args, kwargs, out)
+        return out
+
+
+def _val(node: Any) -> Any:
+    if isinstance(node, torch.fx.Node):
+        return node.meta.get("val", node.meta.get("example_value"))
+    return node
+
+
+def _has_val(node: torch.fx.Node) -> bool:
+    return "val" in node.meta or "example_value" in node.meta
+
+
+def _tensor_bytes(values: Any) -> list[Any]:
+    seen: set[int] = set()
+    out = []
+    for v in tree_flatten(values)[0]:
+        if isinstance(v, torch.Tensor) and id(v) not in seen:
+            seen.add(id(v))
+            out.append(v.numel() * v.element_size())
+    return out
+
+
+def _module_of(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return clean_module_path(str(path))
+
+
+def _is_direct_op(target: Any) -> bool:
+    return isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+class CostAnalysis:
+    """Walks a graph once; ``run()`` fills ``node.meta["fxflops"]`` and returns a GraphCost."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None):
+        self.gm = gm
+        self.fake_mode = None
+        self.shape_env = None
+        if example_inputs is not None and not all(
+            _has_val(n) for n in gm.graph.nodes if n.op == "placeholder"
+        ):
+            self._propagate(example_inputs)
+        self.fake_mode = _fake_mode_of(gm)
+        if self.fake_mode is None:
+            self.fake_mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+        self.shape_env = self.fake_mode.shape_env
+
+    def _propagate(self, example_inputs: Sequence[Any]) -> None:
+        """Fill missing ``meta["val"]`` by fake propagation; real tensors never run."""
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        mode = torch._guards.detect_fake_mode(example_inputs)
+        if mode is None:
+            mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+            example_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                              for x in example_inputs]
+        FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*example_inputs)
+
+    def run(self) -> GraphCost:
+        nodes: list[NodeCost] = []
+        bytes_in: list[Any] = []
+        bytes_out: list[Any] = []
+        uncounted: Counter[str] = Counter()
+        guards = self.shape_env.suppress_guards() if self.shape_env else contextlib.nullcontext()
+        with guards:
+            for node in self.gm.graph.nodes:
+                if node.op == "placeholder":
+                    bytes_in += _tensor_bytes(_val(node))
+                    continue
+                if node.op == "output":
+                    bytes_out += _tensor_bytes(map_aggregate(node.args, _val))
+                    continue
+                if node.op == "get_attr":
+                    continue
+                cost = self.node_cost(node)
+                node.meta["fxflops"] = cost
+                nodes.append(cost)
+                for op in cost.uncounted:
+                    uncounted[op] += 1
+        for op, n in uncounted.items():
+            warn_once(f"uncounted:{op}", "fxflops: no FLOP formula for %s (%d nodes); counted "
+                      "as 0 (add one with fxflops.register_formula)", op, n)
+        flops = total([n.flops for n in nodes])
+        matmul = total([n.matmul_flops for n in nodes])
+        io = total([to_count(b) for b in bytes_in + bytes_out])
+        node_bytes = total([n.bytes for n in nodes])
+        symbols: set[Any] = set()
+        for c in (flops, matmul, io, node_bytes, *[n.runtime_coeff for n in nodes]):
+            if not isinstance(c, int):
+                symbols |= c.free_symbols
+        return GraphCost(
+            flops=flops, matmul_flops=matmul, bytes_io=io, bytes_nodes=node_bytes,
+            symbols=tuple(sorted(symbols, key=str)), nodes=nodes, uncounted=dict(uncounted),
+            num_nodes=len(self.gm.graph.nodes),
+        )
+
+    def node_cost(self, node: torch.fx.Node) -> NodeCost:
+        target = node.target
+        args, kwargs = map_aggregate(node.args, _val), map_aggregate(node.kwargs, _val)
+        if target in _AUTO_FUNCTIONALIZED and target is not None:
+            target, args, kwargs = args[0], (), {k: v for k, v in kwargs.items()
+                                                if not k.startswith("_")}
+            target = _unwrap_overload(target)
+        name = formulas.op_name(target) if node.op == "call_function" else (
+            f"method.{target}" if node.op == "call_method" else
+            type(self.gm.get_submodule(target)).__name__)
+        cost = NodeCost(node.name, name, module=_module_of(node))
+        if not _has_val(node) or any(not _has_val(a) for a in node.all_input_nodes):
+            cost.uncounted, cost.error = (name,), "no shape metadata"
+            warn_once(f"nometa:{name}", "fxflops: node %s (%s) has no shape metadata; "
+                      "counted as 0", node.name, name)
+            return cost
+        tally = _OpTally()
+        try:
+            if node.op == "call_function" and _is_direct_op(target):
+                overload = _unwrap_overload(target)
+                tally.add(overload, args, kwargs, _val(node))
+            else:
+                self._fake_run(node, target, args, kwargs, tally)
+            explicit = formulas.BYTES_FORMULAS.get(name)
+            if explicit is not None:
+                node_bytes = explicit(*args, **kwargs)
+            elif tally.only_views:
+                node_bytes = 0
+            else:
+                out = _val(node)
+                node_bytes = sum(_tensor_bytes((args, kwargs, out)))
+        except Exception as e:  # a formula that raises must not stop the analysis
+            cost.uncounted, cost.error = (name,), f"{type(e).__name__}: {e}"
+            warn_once(f"error:{name}", "fxflops: could not cost %s (%s): %s", node.name, name, e)
+            return cost
+        cost.flops = total([to_count(f) for f in tally.flops])
+        cost.matmul_flops = total([to_count(f) for f in tally.matmul_flops])
+        cost.bytes = to_count(node_bytes)
+        cost.uncounted = tuple(tally.uncounted)
+        if tally.runtime:
+            cost.runtime, cost.runtime_coeff = tally.runtime, to_count(tally.runtime_coeff)
+        return cost
+
+    def _fake_run(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any,
+                  tally: _OpTally) -> None:
+        with self.fake_mode, _CountingMode(tally):
+            if node.op == "call_function":
+                target(*args, **kwargs)
+            elif node.op == "call_method":
+                getattr(args[0], target)(*args[1:], **kwargs)
+            else:
+                module = self.gm.get_submodule(target)
+                fake_state = {k: self.fake_mode.from_tensor(v)
+                              for k, v in {**dict(module.named_parameters()),
+                                           **dict(module.named_buffers())}.items()}
+                torch.func.functional_call(module, fake_state, tuple(args), kwargs)
+
+
+def _fake_mode_of(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of the graph's own example values (not the tracing context's, which
+    can be a different one by the time a backend runs)."""
+    for node in gm.graph.nodes:
+        for v in tree_flatten(_val(node))[0]:
+            if isinstance(v, torch._subclasses.FakeTensor):
+                return v.fake_mode
+    return None
+
+
+def _unwrap_overload(target: Any) -> Any:
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = target.overloads()
+        return getattr(target, "default" if "default" in overloads else overloads[0])
+    return target
+
+
+def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphCost:
+    """Annotate every node of ``gm`` with ``node.meta["fxflops"]`` and return the totals.
+
+    Uses the graph's fake-tensor metadata (``meta["val"]`` / ``meta["example_value"]``);
+    graphs without it need ``example_inputs`` (real or fake tensors), from which shapes are
+    propagated on fake tensors.
+    """
+    return CostAnalysis(gm, example_inputs).run()

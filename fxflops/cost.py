@@ -1,0 +1,187 @@
+"""What a graph costs: per-node costs, totals as ints or sympy expressions, roll-ups.
+
+Plain data, picklable, with no reference to the FX graph it came from, so it travels with a
+serialised compiled artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Union
+
+import sympy
+
+Count = Union[int, sympy.Expr]
+
+
+def to_count(value: Any) -> Count:
+    """An int, SymInt, SymFloat or sympy value as an ``int`` or an integer sympy expression."""
+    if isinstance(value, int):
+        return value
+    node = getattr(value, "node", None)
+    expr = node.expr if node is not None else sympy.sympify(value)
+    if expr.is_number:
+        return int(expr)
+    return expr
+
+
+def total(values: list[Count]) -> Count:
+    """Sum many counts; ints are summed apart so sympy only sees the symbolic terms."""
+    ints = 0
+    exprs: list[sympy.Expr] = []
+    for v in values:
+        if isinstance(v, int):
+            ints += v
+        else:
+            exprs.append(v)
+    if not exprs:
+        return ints
+    expr = sympy.expand(sympy.Add(*exprs, ints))
+    return int(expr) if expr.is_number else expr
+
+
+def evaluate(count: Count, binding: Mapping[sympy.Symbol, int]) -> int:
+    if isinstance(count, int):
+        return count
+    return int(count.xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
+
+
+@dataclasses.dataclass
+class NodeCost:
+    """The cost of one FX node (also stored as ``node.meta["fxflops"]``)."""
+
+    name: str
+    op: str
+    flops: Count = 0
+    matmul_flops: Count = 0
+    bytes: Count = 0
+    module: str = ""
+    # ops the node ran that no formula covers (their FLOPs count as 0)
+    uncounted: tuple[str, ...] = ()
+    # "attention": FLOPs depend on run-time KV lengths; ``runtime_coeff`` is FLOPs per
+    # (query, key) pair, which an integration multiplies by the pairs of each call
+    runtime: str | None = None
+    runtime_coeff: Count = 0
+    # free text: why the node could not be analysed, if it could not
+    error: str | None = None
+
+    @property
+    def vector_flops(self) -> Count:
+        return total([self.flops, -1 * self.matmul_flops])
+
+
+class CostAt(NamedTuple):
+    """A graph's cost at one binding of its size symbols: plain ints."""
+
+    flops: int
+    matmul_flops: int
+    bytes_io: int
+    bytes_nodes: int
+
+    @property
+    def vector_flops(self) -> int:
+        return self.flops - self.matmul_flops
+
+
+@dataclasses.dataclass
+class Rollup:
+    flops: Count = 0
+    matmul_flops: Count = 0
+    bytes: Count = 0
+    count: int = 0
+
+
+@dataclasses.dataclass
+class GraphCost:
+    """Totals and per-node costs of one graph.
+
+    ``flops``, ``matmul_flops``, ``bytes_io`` (graph inputs + outputs: what a perfectly fused
+    graph must move) and ``bytes_nodes`` (every node's inputs + outputs: the unfused upper
+    bound) are ints for static graphs and sympy expressions of ``symbols`` for dynamic ones.
+    """
+
+    flops: Count
+    matmul_flops: Count
+    bytes_io: Count
+    bytes_nodes: Count
+    symbols: tuple[sympy.Symbol, ...]
+    nodes: list[NodeCost]
+    uncounted: dict[str, int]
+    num_nodes: int = 0
+
+    @property
+    def vector_flops(self) -> Count:
+        return total([self.flops, -1 * self.matmul_flops])
+
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.symbols)
+
+    @property
+    def runtime_nodes(self) -> list[NodeCost]:
+        return [n for n in self.nodes if n.runtime]
+
+    def binding(self, sizes: int | Mapping[Any, int]) -> dict[sympy.Symbol, int]:
+        """``n`` binds every symbol to n; a mapping binds them one by one (by symbol or name)."""
+        if isinstance(sizes, Mapping):
+            by_name = {str(k): int(v) for k, v in sizes.items()}
+            missing = [s for s in self.symbols if str(s) not in by_name]
+            if missing:
+                raise KeyError(f"no size given for {', '.join(map(str, missing))}")
+            return {s: by_name[str(s)] for s in self.symbols}
+        return {s: int(sizes) for s in self.symbols}
+
+    def at(self, sizes: int | Mapping[Any, int] = 0) -> CostAt:
+        """The cost with the size symbols bound: plain ints."""
+        b = self.binding(sizes) if self.symbols else {}
+        return CostAt(evaluate(self.flops, b), evaluate(self.matmul_flops, b),
+                      evaluate(self.bytes_io, b), evaluate(self.bytes_nodes, b))
+
+    def by_op(self) -> dict[str, Rollup]:
+        return self._rollup(lambda n: n.op)
+
+    def by_module(self, depth: int | None = None) -> dict[str, Rollup]:
+        """Roll-up by owning module (qualified name), cut to ``depth`` components if given."""
+
+        def key(n: NodeCost) -> str:
+            if not n.module:
+                return "<top>"
+            return n.module if depth is None else ".".join(n.module.split(".")[:depth])
+
+        return self._rollup(key)
+
+    def _rollup(self, key: Any) -> dict[str, Rollup]:
+        groups: dict[str, list[NodeCost]] = {}
+        for n in self.nodes:
+            if n.flops == 0 and n.bytes == 0 and not n.runtime:
+                continue
+            groups.setdefault(key(n), []).append(n)
+        out = {
+            k: Rollup(total([n.flops for n in ns]), total([n.matmul_flops for n in ns]),
+                      total([n.bytes for n in ns]), len(ns))
+            for k, ns in groups.items()
+        }
+        return dict(sorted(out.items(), key=lambda kv: _sort_key(kv[1].flops), reverse=True))
+
+
+def _sort_key(count: Count) -> float:
+    if isinstance(count, int):
+        return float(count)
+    # order symbolic totals by their value at a middling size
+    return float(count.xreplace({s: 64 for s in count.free_symbols}))
+
+
+_INDEX = re.compile(r"\[(\d+)\]")
+_KEY = re.compile(r"\[['\"]([^'\"]+)['\"]\]")
+
+
+def clean_module_path(path: str) -> str:
+    """``L['self'].layers[0]._modules['mlp']`` -> ``layers.0.mlp``."""
+    path = re.sub(r"^L\[['\"][^'\"]+['\"]\]", "", path)
+    path = re.sub(r"\._modules\[['\"]([^'\"]+)['\"]\]", r".\1", path)
+    path = _INDEX.sub(r".\1", path)
+    path = _KEY.sub(r".\1", path)
+    path = re.sub(r"^(self\.|L__self___)", "", path.lstrip("."))
+    return path.strip(".")
