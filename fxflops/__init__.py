@@ -18,8 +18,8 @@ _LAZY = {
     "register_formula": "fxflops.formulas",
     "register_zero_flop": "fxflops.formulas",
     "register_bytes": "fxflops.formulas",
-    "backend": "fxflops.backend",
-    "recorder": "fxflops.recorder",
+    "backend": "fxflops.backends",
+    "recorder": "fxflops.recording",
     "load_report": "fxflops.report",
 }
 
@@ -27,10 +27,10 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
     from fxflops.analysis import analyze
-    from fxflops.backend import backend
+    from fxflops.backends import backend
     from fxflops.cost import CostAt, GraphCost, NodeCost
     from fxflops.formulas import register_bytes, register_formula, register_zero_flop
-    from fxflops.recorder import recorder
+    from fxflops.recording import recorder
     from fxflops.report import load_report
 
 

@@ -1,0 +1,162 @@
+"""Annotated graph dumps: the graph as readable Python, each node's cost as a comment.
+
+Written under ``$FXFLOPS_OUT/graphs/`` (one file per graph, and one per size once sizes
+are seen), next to depyf's dump when vLLM's ``debug_dump_path`` is set, and emitted through
+``torch._logging.trace_structured`` so that ``tlparse`` shows it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fxflops.cost import Count, GraphCost, NodeCost, evaluate
+
+_ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
+
+
+def readable_source(gm: torch.fx.GraphModule) -> list[str]:
+    text = gm.print_readable(print_output=False, include_stride=False, include_device=False)
+    return text.rstrip().splitlines()
+
+
+def human(n: float, unit: str = "") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".rstrip()
+
+
+def _fmt(count: Count, binding: Mapping[Any, int] | None, unit: str) -> str:
+    if isinstance(count, int):
+        return human(count, unit)
+    if binding is not None:
+        return human(evaluate(count, binding), unit)
+    return f"{count} {unit}".rstrip()
+
+
+def annotate(lines: list[str], cost: GraphCost, name: str,
+             binding: Mapping[Any, int] | None = None, size: Any = None) -> str:
+    """The graph's source with a cost comment on every costed node and a header of totals.
+
+    With ``binding`` (a size), every figure is a number; without, dynamic graphs show the
+    expressions of their size symbols.
+    """
+    by_name: dict[str, NodeCost] = {n.name: n for n in cost.nodes}
+    flops_total = evaluate(cost.flops, binding) if binding is not None or not cost.symbols \
+        else None
+
+    def node_flops(n: NodeCost) -> int | None:
+        if binding is None and cost.symbols:
+            return None
+        return evaluate(n.flops, binding or {})
+
+    out = []
+    for line in lines:
+        m = _ASSIGN.match(line)
+        n = by_name.get(m.group(1)) if m else None
+        if n is not None and (n.flops != 0 or n.bytes != 0 or n.runtime or n.uncounted):
+            parts = [f"{_fmt(n.flops, binding, 'FLOP')}"]
+            f = node_flops(n)
+            if f is not None and flops_total:
+                parts[0] += f" ({100 * f / flops_total:.1f}%)"
+            if n.matmul_flops != 0:
+                parts.append("matmul")
+            parts.append(_fmt(n.bytes, binding, "B"))
+            if n.runtime:
+                parts.append(f"+ {n.runtime} FLOPs at run time ({n.runtime_coeff}/pair)")
+            if n.uncounted:
+                parts.append("UNCOUNTED: " + ", ".join(n.uncounted))
+            if n.module:
+                parts.append(n.module)
+            line = f"{line}  # {'; '.join(parts)}"
+        out.append(line)
+    return header(cost, name, binding, size) + "\n".join(out) + "\n"
+
+
+def header(cost: GraphCost, name: str, binding: Mapping[Any, int] | None, size: Any) -> str:
+    def fmt(c: Count, unit: str) -> str:
+        return _fmt(c, binding, unit) + (f"   [{c}]" if not isinstance(c, int) else "")
+
+    vector = cost.vector_flops
+    lines = [
+        f"# fxflops: graph {name}" + (f" at size {size}" if size is not None else ""),
+        f"# nodes: {cost.num_nodes}; size symbols: {', '.join(map(str, cost.symbols)) or 'none'}",
+        f"# FLOPs:         {fmt(cost.flops, 'FLOP')}",
+        f"#   matmul:      {fmt(cost.matmul_flops, 'FLOP')}",
+        f"#   vector:      {fmt(vector, 'FLOP')}",
+        f"# bytes (I/O):   {fmt(cost.bytes_io, 'B')}",
+        f"# bytes (nodes): {fmt(cost.bytes_nodes, 'B')}",
+    ]
+    if cost.runtime_nodes:
+        lines.append(f"# run-time costed: {len(cost.runtime_nodes)} nodes "
+                     "(attention: FLOPs from the KV lengths of each call)")
+    if cost.uncounted:
+        lines.append("# UNCOUNTED ops (0 FLOPs): " + ", ".join(
+            f"{k} x{v}" for k, v in cost.uncounted.items()))
+    lines.append("# top modules:")
+    for mod, r in list(cost.by_module().items())[:5]:
+        lines.append(f"#   {mod:<40} {_fmt(r.flops, binding, 'FLOP')}")
+    lines.append("# top nodes:")
+    top = sorted(cost.nodes, key=lambda n: evaluate(n.flops, binding) if binding is not None
+                 else _at64(n.flops), reverse=True)[:5]
+    for n in top:
+        lines.append(f"#   {n.name:<40} {_fmt(n.flops, binding, 'FLOP')}  ({n.op})")
+    return "\n".join(lines) + "\n\n"
+
+
+def _at64(c: Count) -> int:
+    return c if isinstance(c, int) else int(c.xreplace({s: 64 for s in c.free_symbols}))
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def write_text(path: str, text: str) -> None:
+    from fxflops.report import atomic_text
+
+    atomic_text(text, path)
+
+
+def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
+    """Dump the symbolic annotation now; sized dumps follow as sizes are seen."""
+    lines = readable_source(gm)
+    record.listing = lines
+    text = annotate(lines, record.cost, record.name)
+    dirs = [d for d in (_out_dir(), record.meta.get("dump_dir")) if d]
+    for d in dirs:
+        write_text(os.path.join(d, f"{_safe(record.name)}.py"), text)
+    try:
+        from torch._logging import trace_structured
+
+        trace_structured("artifact", metadata_fn=lambda: {
+            "name": f"fxflops_{_safe(record.name)}", "encoding": "string"},
+            payload_fn=lambda: text)
+    except Exception:
+        pass
+
+
+def dump_sizes(record: Any) -> None:
+    """One dump per size seen so far (called when a report is flushed, not per call)."""
+    lines = getattr(record, "listing", None)
+    out = _out_dir()
+    if not lines or not out or not record.cost.symbols:
+        return
+    done = record.__dict__.setdefault("dumped_sizes", set())
+    for key, row in list(record.rows.items()):
+        if key in done or not key:
+            continue
+        binding = dict(zip(record.cost.symbols, key))
+        text = annotate(lines, record.cost, record.name, binding, row.size)
+        write_text(os.path.join(out, f"{_safe(record.name)}.size{_safe(str(row.size))}.py"), text)
+        done.add(key)
+
+
+def _out_dir() -> str | None:
+    out = os.environ.get("FXFLOPS_OUT")
+    return os.path.join(out, "graphs") if out else None

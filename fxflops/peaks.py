@@ -1,0 +1,86 @@
+"""Device peaks: dense (non-sparse) TFLOP/s per dtype and memory GB/s.
+
+Figures are the vendors' datasheet numbers for dense math (the sparse figures are twice
+these). ``FXFLOPS_PEAK_TFLOPS`` / ``FXFLOPS_PEAK_GBPS`` override the table; on a CPU there
+is no table entry and MFU is only reported when they are set (or measured: ``fxflops peak``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    name: str
+    tflops: dict[str, float]  # dtype -> dense TFLOP/s
+    gbps: float
+
+    def tflops_for(self, dtype: str) -> float | None:
+        return self.tflops.get(dtype) or self.tflops.get("bf16")
+
+
+# name fragments are matched, longest first, against torch.cuda.get_device_name()
+DEVICES: dict[str, Peak] = {
+    # NVIDIA H100 datasheet (SXM5: 989 TF bf16/fp16 dense, 1979 fp8, 67 fp32 (non-tensor),
+    # 494 tf32; 3.35 TB/s HBM3). PCIe: 756 bf16, 1513 fp8, 51 fp32, 378 tf32; 2.0 TB/s.
+    "H100 SXM": Peak("H100 SXM", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7,
+                                  "fp32": 66.9}, 3350.0),
+    "H100 80GB HBM3": Peak("H100 SXM", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9,
+                                        "tf32": 494.7, "fp32": 66.9}, 3350.0),
+    "H100 PCIe": Peak("H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0,
+                                    "fp32": 51.2}, 2000.0),
+    # NVIDIA H200 datasheet: same SXM compute as H100 SXM, 4.8 TB/s HBM3e.
+    "H200": Peak("H200", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7,
+                          "fp32": 66.9}, 4800.0),
+    # NVIDIA A100 datasheet: 312 TF bf16/fp16 dense, 156 tf32, 19.5 fp32;
+    # 40GB: 1555 GB/s, 80GB SXM: 2039 GB/s.
+    "A100-SXM4-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 1555.0),
+    "A100-PCIE-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 1555.0),
+    "A100 80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+                                    "fp32": 19.5}, 2039.0),
+    "A100-SXM4-80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 2039.0),
+    # NVIDIA L4 datasheet: 121 TF bf16/fp16 dense (242 sparse), 242.5 fp8, 30.3 fp32; 300 GB/s.
+    "L4": Peak("L4", {"bf16": 121.0, "fp16": 121.0, "fp8": 242.5, "tf32": 60.0,
+                      "fp32": 30.3}, 300.0),
+    # NVIDIA L40S datasheet: 362 TF bf16/fp16 dense, 733 fp8, 91.6 fp32; 864 GB/s.
+    "L40S": Peak("L40S", {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0,
+                          "fp32": 91.6}, 864.0),
+    # NVIDIA B200 (DGX B200 per GPU): 2.25 PF bf16 dense, 4.5 PF fp8, 8 TB/s HBM3e.
+    "B200": Peak("B200", {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0,
+                          "fp32": 75.0}, 8000.0),
+    # AMD Instinct MI300X datasheet: 1307.4 TF bf16/fp16 dense, 2614.9 fp8, 163.4 fp32
+    # (matrix); 5.3 TB/s HBM3.
+    "MI300X": Peak("MI300X", {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7,
+                              "fp32": 163.4}, 5300.0),
+}
+
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
+               "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}
+
+
+def match_device(name: str) -> Peak | None:
+    for key in sorted(DEVICES, key=len, reverse=True):
+        if key.lower() in name.lower():
+            return DEVICES[key]
+    return None
+
+
+def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, float | None]:
+    """``{"tflops", "gbps", "source"}`` for this device and dtype; env overrides the table."""
+    tflops = gbps = None
+    source = "none"
+    peak = match_device(device_name) if device_name else None
+    if peak is not None:
+        tflops, gbps, source = peak.tflops_for(dtype), peak.gbps, f"table:{peak.name}:{dtype}"
+    env_t, env_g = os.environ.get("FXFLOPS_PEAK_TFLOPS"), os.environ.get("FXFLOPS_PEAK_GBPS")
+    if env_t:
+        tflops, source = float(env_t), "env"
+    if env_g:
+        gbps = float(env_g)
+        source = "env" if source in ("none", "env") else source + "+env"
+    return {"tflops": tflops, "gbps": gbps, "source": source}

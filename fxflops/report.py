@@ -1,0 +1,224 @@
+"""The JSON report: one file per process (rank), written atomically; load, validate, merge."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fxflops.cost import Count, Rollup
+from fxflops.stats import SizeStats, throughput
+
+SCHEMA = "fxflops.report/1"
+
+
+class ReportError(ValueError):
+    """A report that cannot be read: the message is one line for the user."""
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def _count(c: Count) -> int | str:
+    return c if isinstance(c, int) else str(c)
+
+
+def _rank() -> int | None:
+    for var in ("FXFLOPS_RANK", "RANK", "LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def process_info(info: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    vllm = sys.modules.get("vllm")
+    rank = info.get("rank", _rank())
+    return {
+        "pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
+        "device": info.get("device"), "dtype": info.get("dtype"),
+        "torch": torch.__version__, "vllm": getattr(vllm, "__version__", None),
+        "argv": sys.argv[:8],
+    }
+
+
+def report_filename(info: dict[str, Any]) -> str:
+    rank = info.get("rank", _rank())
+    suffix = f"-rank{rank}" if rank is not None else ""
+    return f"fxflops-{socket.gethostname()}-{os.getpid()}{suffix}.json"
+
+
+def _rollups(rollups: dict[str, Rollup], limit: int = 50) -> list[dict[str, Any]]:
+    return [{"name": k, "flops": _count(r.flops), "matmul_flops": _count(r.matmul_flops),
+             "bytes": _count(r.bytes), "nodes": r.count}
+            for k, r in list(rollups.items())[:limit]]
+
+
+def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
+    pct = row.percentiles()
+    calls_with_runtime = max(row.runtime_calls, 1)
+    runtime_flops = row.runtime_flops / calls_with_runtime if row.runtime_calls else 0
+    cost = row.cost
+    flops = (cost.flops if cost else 0) + runtime_flops
+    matmul = (cost.matmul_flops if cost else 0) + runtime_flops
+    bytes_io = cost.bytes_io if cost else 0
+    fig = {
+        "size": row.size, "key": list(row.key), "calls": row.count,
+        "total_ms": row.total_ns / 1e6, **pct,
+        "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
+        "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
+        "gflops": flops / 1e9,
+    }
+    fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
+                          peak.get("tflops"), peak.get("gbps")))
+    return fig
+
+
+def graph_rows(g: Any, peak: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = sorted(g.rows.values(), key=lambda r: (str(type(r.size)), r.size))
+    return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)} for r in rows]
+
+
+def build_report(rec: Any) -> dict[str, Any]:
+    peak = rec.peak()
+    graphs = []
+    for g in rec.graphs:
+        c = g.cost
+        graphs.append({
+            "id": g.id, "name": g.name, "nodes": c.num_nodes, "meta": g.meta,
+            "symbols": [str(s) for s in c.symbols],
+            "flops": _count(c.flops), "matmul_flops": _count(c.matmul_flops),
+            "bytes_io": _count(c.bytes_io), "bytes_nodes": _count(c.bytes_nodes),
+            "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),
+            "by_op": _rollups(c.by_op()), "by_module": _rollups(c.by_module()),
+            "uncounted": c.uncounted, "dropped_sizes": g.dropped_sizes,
+            "rows": [row_figures(r, peak) for r in sorted(
+                g.rows.values(), key=lambda r: (str(type(r.size)), r.size))],
+        })
+    forward = [row_figures(r, peak) for r in sorted(rec.forwards.values(), key=lambda r: r.size)]
+    return {"schema": SCHEMA, "process": process_info(rec.info), "peak": peak,
+            "graphs": graphs, "forward": forward}
+
+
+def atomic_text(text: str, path: str | os.PathLike[str]) -> str:
+    """Write to a temporary file beside ``path`` and rename it: readers never see half."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".fxflops-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_atomic(data: dict[str, Any], path: str | os.PathLike[str]) -> str:
+    return atomic_text(json.dumps(data, indent=1, default=str), path)
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate one report file; a ReportError says in one line what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise ReportError(f"{p}: no such file")
+    if p.is_dir():
+        raise ReportError(f"{p}: is a folder (pass it to load_reports)")
+    text = p.read_text(errors="replace")
+    if not text.strip():
+        raise ReportError(f"{p}: empty file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno}") from None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fxflops.report/"):
+        raise ReportError(f"{p}: not an fxflops report (no 'schema': '{SCHEMA}')")
+    if data["schema"] != SCHEMA:
+        raise ReportError(f"{p}: report schema {data['schema']} is not {SCHEMA}")
+    for key in ("process", "graphs", "forward"):
+        if key not in data:
+            raise ReportError(f"{p}: report has no '{key}'")
+    data["_path"] = str(p)
+    return data
+
+
+def load_reports(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """Files, or folders of ``*.json`` reports (non-recursive, ``graphs/`` dumps skipped)."""
+    reports = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            files = sorted(f for f in p.glob("*.json") if not f.name.startswith("."))
+            if not files:
+                raise ReportError(f"{p}: no report files (*.json) in this folder")
+            reports += [load_report(f) for f in files]
+        else:
+            reports.append(load_report(p))
+    if not reports:
+        raise ReportError("no reports given")
+    return reports
+
+
+def rank_of(report: dict[str, Any]) -> int | None:
+    return report["process"].get("rank")
+
+
+def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every (graph, size) row of every report, tagged with its rank and process."""
+    rows = []
+    for rep in reports:
+        proc = rep["process"]
+        for g in rep["graphs"]:
+            for r in g["rows"]:
+                rows.append({"rank": proc.get("rank"), "pid": proc.get("pid"),
+                             "graph": g["name"], **r})
+        for r in rep["forward"]:
+            rows.append({"rank": proc.get("rank"), "pid": proc.get("pid"),
+                         "graph": "<forward>", **r})
+    return rows
+
+
+def merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge rows of the same (graph, size) across processes/ranks.
+
+    FLOPs and bytes add up over ranks (each rank does its shard); calls add up; the median
+    shown is the slowest rank's (the step waits for it).
+    """
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        k = (r["graph"], str(r["size"]))
+        m = merged.get(k)
+        if m is None:
+            merged[k] = {**r, "rank": "all", "ranks": 1, "_ranks": {r.get("rank")}}
+            continue
+        # another rank adds its shard's work; another process of the same rank only calls
+        new_rank = r.get("rank") not in m["_ranks"]
+        m["_ranks"].add(r.get("rank"))
+        m["ranks"] = len(m["_ranks"])
+        for f in ("calls", "total_ms"):
+            m[f] = (m.get(f) or 0) + (r.get(f) or 0)
+        if new_rank:
+            for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
+                      "gflops"):
+                m[f] = (m.get(f) or 0) + (r.get(f) or 0)
+        m["median_ms"] = max(m["median_ms"], r["median_ms"])
+        m["p90_ms"] = max(m.get("p90_ms", 0), r.get("p90_ms", 0))
+        secs = m["median_ms"] / 1e3
+        m["tflops"] = m["flops"] / secs / 1e12 if secs else None
+        m["gbps"] = m["bytes_io"] / secs / 1e9 if secs else None
+    for m in merged.values():
+        del m["_ranks"]
+    return list(merged.values())

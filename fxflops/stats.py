@@ -1,0 +1,91 @@
+"""Per (graph, size) statistics with bounded memory, and what they mean.
+
+The hot path only calls ``SizeStats.add``: a count, a sum and one slot of a fixed-size
+ring buffer. Medians and percentiles are computed when a report is made, never per call.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from statistics import median
+from typing import Any
+
+WINDOW = int(os.environ.get("FXFLOPS_WINDOW", "512"))
+
+
+class SizeStats:
+    """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
+
+    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "pos", "cap",
+                 "runtime_flops", "runtime_calls", "runtime_coeff")
+
+    def __init__(self, key: tuple[int, ...], size: int | str, cost: Any = None,
+                 cap: int = WINDOW) -> None:
+        self.key = key
+        self.size = size
+        self.cost = cost  # CostAt for this size (None for whole-forward rows)
+        self.count = 0
+        self.total_ns = 0
+        self.window = array("q")
+        self.pos = 0
+        self.cap = cap
+        # FLOPs counted per call from run-time state (vLLM attention), summed over calls
+        self.runtime_flops = 0
+        self.runtime_calls = 0
+        # FLOPs per (query, key) pair of the graph's run-time-costed ops at this size
+        self.runtime_coeff = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.total_ns += ns
+        window = self.window
+        if len(window) < self.cap:
+            window.append(ns)
+        else:
+            window[self.pos] = ns
+            self.pos = (self.pos + 1) % self.cap
+
+    def percentiles(self) -> dict[str, float]:
+        """median, p10, p90 of the window, in milliseconds."""
+        if not self.window:
+            return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
+        ordered = sorted(self.window)
+        n = len(ordered)
+
+        def pick(q: float) -> float:
+            return ordered[min(n - 1, int(q * (n - 1) + 0.5))] / 1e6
+
+        return {"median_ms": median(ordered) / 1e6, "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
+
+
+def size_label(key: tuple[int, ...]) -> int | str:
+    """One number when every size symbol has the same value (vLLM: tokens), else ``AxB``."""
+    if not key:
+        return "static"
+    if all(k == key[0] for k in key):
+        return int(key[0])
+    return "x".join(str(k) for k in key)
+
+
+def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
+               peak_tflops: float | None, peak_gbps: float | None) -> dict[str, float | None]:
+    """Achieved rates, MFU (matmul FLOPs against the peak) and the roofline verdict."""
+    out: dict[str, float | None] = {"tflops": None, "gbps": None, "mfu": None,
+                                    "intensity": None, "bound": None, "roofline_ms": None,
+                                    "roofline_share": None}
+    if bytes_:
+        out["intensity"] = flops / bytes_
+    if seconds <= 0:
+        return out
+    out["tflops"] = flops / seconds / 1e12
+    out["gbps"] = bytes_ / seconds / 1e9
+    if peak_tflops:
+        out["mfu"] = matmul_flops / seconds / (peak_tflops * 1e12)
+    if peak_tflops and peak_gbps:
+        compute_s = flops / (peak_tflops * 1e12)
+        memory_s = bytes_ / (peak_gbps * 1e9)
+        out["bound"] = "compute" if compute_s >= memory_s else "memory"
+        out["roofline_ms"] = max(compute_s, memory_s) * 1e3
+        out["roofline_share"] = max(compute_s, memory_s) / seconds
+    return out
