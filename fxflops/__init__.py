@@ -23,7 +23,10 @@ _LAZY = {
     "load_report": "fxflops.report",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
+    "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "recorder",
+    "register_bytes", "register_formula", "register_zero_flop",
+]
 
 if TYPE_CHECKING:
     from fxflops.analysis import analyze

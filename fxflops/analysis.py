@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fxflops import formulas
-from fxflops.cost import Count, GraphCost, NodeCost, clean_module_path, to_count, total
+from fxflops.cost import GraphCost, NodeCost, clean_module_path, to_count, total
 
 log = logging.getLogger("fxflops")
 _warned: set[str] = set()
@@ -201,9 +201,23 @@ class CostAnalysis:
                 symbols |= c.free_symbols
         return GraphCost(
             flops=flops, matmul_flops=matmul, bytes_io=io, bytes_nodes=node_bytes,
-            symbols=tuple(sorted(symbols, key=str)), nodes=nodes, uncounted=dict(uncounted),
+            symbols=tuple(sorted(symbols, key=self._appearance_order())), nodes=nodes, uncounted=dict(uncounted),
             num_nodes=len(self.gm.graph.nodes),
         )
+
+    def _appearance_order(self) -> Any:
+        """Symbols in the order the inputs show them (batch before sequence, usually)."""
+        order: dict[str, int] = {}
+        for node in self.gm.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            val = _val(node)
+            sizes = [val] if isinstance(val, torch.SymInt) else (
+                list(val.shape) if isinstance(val, torch.Tensor) else [])
+            for size in sizes:
+                if isinstance(size, torch.SymInt):
+                    order.setdefault(str(size.node.expr), len(order))
+        return lambda s: (order.get(str(s), len(order)), str(s))
 
     def node_cost(self, node: torch.fx.Node) -> NodeCost:
         target = node.target

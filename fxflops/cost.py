@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Union
 
 import sympy
 
-Count = Union[int, sympy.Expr]
+Count = Union[int, sympy.Expr]  # noqa: UP007 (a runtime alias; 3.10 lacks | on it)
 
 
 def to_count(value: Any) -> Count:

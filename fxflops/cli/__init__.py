@@ -1,0 +1,1 @@
+"""The ``fxflops`` command line."""

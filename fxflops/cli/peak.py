@@ -1,0 +1,69 @@
+"""``fxflops peak``: the table's peak for this device and what a matmul and a copy achieve."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("peak", help="measure achievable matmul TFLOP/s and copy GB/s here")
+    p.add_argument("--n", type=int, default=0, help="matmul size (default: 8192 GPU, 1024 CPU)")
+    p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 (default: bf16 GPU, fp32 CPU)")
+    p.set_defaults(func=run)
+
+
+def measure(device: str, dtype_name: str, n: int, iters: int = 20) -> tuple[float, float]:
+    """(matmul TFLOP/s, copy GB/s): best of ``iters`` timed runs after a warm-up."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    src = torch.empty(64 << 20 if device == "cuda" else 16 << 20, dtype=torch.uint8,
+                      device=device)
+    dst = torch.empty_like(src)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(iters):
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return min(times)
+
+    mm_s = best(lambda: torch.mm(a, b))
+    copy_s = best(lambda: dst.copy_(src))
+    # a copy reads and writes every byte
+    return 2 * n**3 / mm_s / 1e12, 2 * src.numel() / copy_s / 1e9
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from fxflops.peaks import current_peak
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    dtype = args.dtype or ("bf16" if cuda else "fp32")
+    n = args.n or (8192 if cuda else 1024)
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    table = current_peak(name if cuda else None, dtype)
+    tflops, gbps = measure(device, dtype, n)
+    print(f"device: {name}  dtype: {dtype}  matmul {n}x{n}")
+    print(f"table peak:   {table['tflops'] or '-'} TFLOP/s  {table['gbps'] or '-'} GB/s  "
+          f"[{table['source']}]")
+    print(f"measured:     {tflops:.2f} TFLOP/s  {gbps:.1f} GB/s")
+    if table["tflops"]:
+        print(f"matmul MFU of the measured peak: {tflops / table['tflops']:.1%}")
+    print(f"use: FXFLOPS_PEAK_TFLOPS={tflops:.3g} FXFLOPS_PEAK_GBPS={gbps:.4g}")
+    return 0

@@ -1,0 +1,65 @@
+"""``fxflops plot PATH -o OUT.png``: throughput and time against size, and a roofline."""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from typing import Any
+
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="plot GFLOP/s and time per size, and a roofline")
+    p.add_argument("paths", nargs="+", help="report files or folders")
+    p.add_argument("-o", "--output", default="fxflops.png", help="PNG to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reports = load_reports(args.paths)
+    rows = [r for r in merge_rows(flat_rows(reports)) if isinstance(r["size"], int)]
+    if not rows:
+        raise ReportError("no rows with a numeric size to plot")
+    peak = reports[0].get("peak") or {}
+    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        series[r["graph"]].append(r)
+    fig, (ax_tp, ax_t, ax_roof) = plt.subplots(1, 3, figsize=(16, 4.8))
+    for name, rs in sorted(series.items()):
+        rs.sort(key=lambda r: r["size"])
+        sizes = [r["size"] for r in rs]
+        ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=name)
+        if name != "<forward>":
+            ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o", label=name)
+            pts = [(r["flops"] / r["bytes_io"], (r.get("tflops") or 0) * 1e3) for r in rs
+                   if r["bytes_io"] and r.get("tflops")]
+            if pts:
+                ax_roof.scatter(*zip(*pts), label=name)
+                for (x, y), s in zip(pts, sizes):
+                    ax_roof.annotate(str(s), (x, y), fontsize=7)
+    if peak.get("tflops") and peak.get("gbps"):
+        import numpy as np
+
+        xs = np.logspace(-2, 4, 200)
+        ax_roof.plot(xs, np.minimum(peak["tflops"] * 1e3, xs * peak["gbps"]), "k--",
+                     label=f"roofline ({peak['source']})")
+    for ax, title, ylabel in ((ax_tp, "achieved GFLOP/s", "GFLOP/s"),
+                              (ax_t, "median time per call", "ms"),
+                              (ax_roof, "roofline", "GFLOP/s")):
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2) if ax is not ax_roof else ax.set_xscale("log")
+        ax.set_xlabel("size (tokens / batch)" if ax is not ax_roof else "FLOP per byte (I/O)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_roof.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=110)
+    print(f"wrote {args.output}")
+    return 0

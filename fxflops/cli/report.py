@@ -1,0 +1,130 @@
+"""``fxflops report PATH...``: per-rank and merged rows of one or more report files."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+from rich.table import Table
+
+from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, write_atomic
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="show report files or folders (ranks merged)")
+    p.add_argument("paths", nargs="+", help="report files or folders of them")
+    p.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-' for stdout)")
+    p.add_argument("--csv", metavar="OUT", help="write the rows as CSV ('-' for stdout)")
+    p.set_defaults(func=run)
+
+
+COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
+           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share"]
+
+
+def forward_outside_share(rows: list[dict[str, Any]]) -> None:
+    """For whole-forward rows: the share of the forward spent outside compiled graphs.
+
+    Per rank and size: 1 - (sum over graphs of median x calls per forward) / forward median.
+    """
+    graph_time: dict[tuple[Any, str], float] = defaultdict(float)
+    fwd = {(r["rank"], str(r["size"])): r for r in rows if r["graph"] == "<forward>"}
+    for r in rows:
+        if r["graph"] == "<forward>":
+            continue
+        f = fwd.get((r["rank"], str(r["size"])))
+        if f and f["calls"]:
+            graph_time[(r["rank"], str(r["size"]))] += r["median_ms"] * r["calls"] / f["calls"]
+    for k, f in fwd.items():
+        if f["median_ms"] and k in graph_time:
+            f["outside_share"] = max(0.0, 1 - graph_time[k] / f["median_ms"])
+            f["graphs_ms"] = graph_time[k]
+
+
+def report_rows(reports: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    rows = flat_rows(reports)
+    if not rows:
+        raise ReportError("the reports hold no timed calls (did the compiled model run?)")
+    forward_outside_share(rows)
+    ranks = {r["rank"] for r in rows}
+    multi = len(ranks) > 1
+    if multi:
+        merged = merge_rows(rows)
+        forward_outside_share(merged)
+        rows = rows + merged
+    return rows, multi
+
+
+def run(args: argparse.Namespace) -> int:
+    reports = load_reports(args.paths)
+    rows, multi = report_rows(reports)
+    if args.json:
+        _write(args.json, json.dumps(rows, indent=1, default=str))
+    if args.csv:
+        _write_csv(args.csv, rows)
+    if args.json == "-" or args.csv == "-":
+        return 0
+    console = make_console()
+    peak = reports[0].get("peak", {})
+    procs = ", ".join(sorted({f"rank {r['process'].get('rank')}" if r['process'].get('rank')
+                              is not None else f"pid {r['process']['pid']}" for r in reports}))
+    table = Table(title=f"fxflops: {len(reports)} report(s) ({procs}); peak: "
+                  f"{peak.get('tflops') or '-'} TFLOP/s, {peak.get('gbps') or '-'} GB/s "
+                  f"[{peak.get('source')}]")
+    cols = (["rank"] if multi else []) + ["graph", "size", "calls", "median ms", "p90 ms",
+                                          "GFLOPs", "GFLOP/s", "GB/s", "MFU", "bound",
+                                          "outside graphs"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("graph", "rank") else "right")
+    for r in sorted(rows, key=_order):
+        cells = [str(r["rank"])] if multi else []
+        cells += [r["graph"], str(r["size"]), str(r["calls"]), f"{r['median_ms']:.3f}",
+                  f"{r.get('p90_ms', 0):.3f}", fmt_num(r["flops"] / 1e9),
+                  fmt_num((r.get("tflops") or 0) * 1e3), fmt_num(r.get("gbps")),
+                  fmt_pct(r.get("mfu")), r.get("bound") or "-",
+                  fmt_pct(r.get("outside_share"))]
+        table.add_row(*cells)
+    console.print(table)
+    for rep in reports:
+        for g in rep["graphs"]:
+            if g["uncounted"]:
+                console.print(f"[yellow]{g['name']}: uncounted ops (0 FLOPs): "
+                              + ", ".join(f"{k} x{v}" for k, v in g["uncounted"].items()))
+    total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
+    console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
+                  f"{fmt_bytes(total_bytes)}")
+    return 0
+
+
+def _order(r: dict[str, Any]) -> tuple[Any, ...]:
+    size = r["size"]
+    return (str(r["rank"]), r["graph"] == "<forward>", r["graph"],
+            size if isinstance(size, int) else 1 << 62, str(size))
+
+
+def _write(dest: str, text: str) -> None:
+    if dest == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        from fxflops.report import atomic_text
+
+        atomic_text(text, dest)
+
+
+def _write_csv(dest: str, rows: list[dict[str, Any]]) -> None:
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    _write(dest, buf.getvalue().rstrip("\n"))
+
+
+__all__ = ["run", "report_rows", "write_atomic"]

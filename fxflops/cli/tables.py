@@ -1,0 +1,37 @@
+"""Number formatting shared by the CLI tables."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+
+def make_console() -> Console:
+    """Wide enough for the tables when output goes to a file or a CI log."""
+    return Console(width=None if sys.stdout.isatty() else 180)
+
+
+def fmt_num(x: float | int | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"

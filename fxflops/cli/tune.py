@@ -1,0 +1,94 @@
+"""``fxflops tune RUNS...``: which ``compile_sizes`` are worth compiling.
+
+A size is *specialised* in a run when a static graph (no size symbols) ran at it; otherwise
+the general (dynamic) graph served it. For every size seen both ways, the gain is the
+general median over the specialised one; sizes whose gain beats the threshold are
+recommended, ranked by gain weighted by how often the size was called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from typing import Any
+
+from rich.table import Table
+
+from fxflops.cli.tables import make_console
+from fxflops.report import ReportError, load_reports
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="recommend compile_sizes from runs with and without them")
+    p.add_argument("runs", nargs="+", help="report files or folders (one run each)")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="minimum gain of the specialised graph (0.05 = 5%%)")
+    p.set_defaults(func=run)
+
+
+def size_times(report_paths: list[str]) -> dict[str, dict[int, list[tuple[float, int]]]]:
+    """{"general"|"specialised": {size: [(median ms, calls), ...]}} over all runs."""
+    out: dict[str, dict[int, list[tuple[float, int]]]] = {
+        "general": defaultdict(list), "specialised": defaultdict(list)}
+    for path in report_paths:
+        for rep in load_reports([path]):
+            static_sizes = {r["size"] for g in rep["graphs"] if not g["symbols"]
+                            for r in g["rows"] if isinstance(r["size"], int)}
+            static_sizes |= {g["meta"].get("compile_size") for g in rep["graphs"]
+                             if g["meta"].get("compile_size") is not None}
+            if rep["forward"]:
+                timed = {r["size"]: (r["median_ms"], r["calls"]) for r in rep["forward"]}
+            else:  # no whole-forward rows: sum the graphs' medians per size
+                timed = {}
+                for g in rep["graphs"]:
+                    for r in g["rows"]:
+                        if isinstance(r["size"], int):
+                            ms, calls = timed.get(r["size"], (0.0, 0))
+                            timed[r["size"]] = (ms + r["median_ms"], max(calls, r["calls"]))
+            for size, (ms, calls) in timed.items():
+                if isinstance(size, int):
+                    kind = "specialised" if size in static_sizes else "general"
+                    out[kind][size].append((ms, calls))
+    return out
+
+
+def recommend(times: dict[str, dict[int, list[tuple[float, int]]]],
+              threshold: float) -> list[dict[str, Any]]:
+    gen, spec = times["general"], times["specialised"]
+    both = sorted(set(gen) & set(spec))
+    if not both:
+        raise ReportError("no size was run both with and without a specialised graph: "
+                          "run once without compile_sizes and once with them")
+    total_calls = sum(c for s in both for _, c in gen[s] + spec[s]) or 1
+    rows = []
+    for s in both:
+        g = min(ms for ms, _ in gen[s])
+        sp = min(ms for ms, _ in spec[s])
+        calls = sum(c for _, c in gen[s] + spec[s])
+        gain = g / sp - 1 if sp else 0.0
+        rows.append({"size": s, "general_ms": g, "specialised_ms": sp, "gain": gain,
+                     "calls": calls, "weight": calls / total_calls,
+                     "score": gain * calls / total_calls, "recommend": gain > threshold})
+    return sorted(rows, key=lambda r: r["score"], reverse=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = recommend(size_times(args.runs), args.threshold)
+    table = Table(title=f"fxflops tune (threshold {args.threshold:.0%})")
+    for c in ("size", "general ms", "specialised ms", "gain", "calls", "weight", "compile it?"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(str(r["size"]), f"{r['general_ms']:.3f}", f"{r['specialised_ms']:.3f}",
+                      f"{r['gain']:+.1%}", str(r["calls"]), f"{r['weight']:.1%}",
+                      "[green]yes[/]" if r["recommend"] else "no")
+    console = make_console()
+    console.print(table)
+    chosen = sorted(r["size"] for r in rows if r["recommend"])
+    if chosen:
+        console.print("recommended: -O '" + json.dumps({"compile_sizes": chosen}) + "'",
+                      soft_wrap=True)
+    else:
+        console.print("recommended: no compile_sizes (no specialised graph beats the general "
+                      f"one by more than {args.threshold:.0%})")
+    return 0
