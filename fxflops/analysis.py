@@ -230,6 +230,8 @@ class CostAnalysis:
             f"method.{target}" if node.op == "call_method" else
             type(self.gm.get_submodule(target)).__name__)
         cost = NodeCost(node.name, name, module=_module_of(node))
+        if name in formulas.ZERO_FLOP_OPS:  # known free, whatever its metadata says
+            return cost
         if not _has_val(node) or any(not _has_val(a) for a in node.all_input_nodes):
             cost.uncounted, cost.error = (name,), "no shape metadata"
             warn_once(f"nometa:{name}", "fxflops: node %s (%s) has no shape metadata; "
@@ -239,6 +241,7 @@ class CostAnalysis:
         try:
             if node.op == "call_function" and _is_direct_op(target):
                 overload = _unwrap_overload(target)
+                args, kwargs = _positional(overload, args, kwargs)
                 tally.add(overload, args, kwargs, _val(node))
             else:
                 self._fake_run(node, target, args, kwargs, tally)
@@ -285,6 +288,24 @@ def _fake_mode_of(gm: torch.fx.GraphModule) -> Any:
             if isinstance(v, torch._subclasses.FakeTensor):
                 return v.fake_mode
     return None
+
+
+def _positional(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Move keyword arguments that the schema allows positionally into place, as the
+    dispatcher would hand them to a formula."""
+    if not kwargs:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for i, a in enumerate(op._schema.arguments):
+        if a.kwarg_only or i < len(args):
+            continue
+        if a.name in kwargs:
+            args.append(kwargs.pop(a.name))
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            break
+    return tuple(args), kwargs
 
 
 def _unwrap_overload(target: Any) -> Any:

@@ -133,6 +133,22 @@ def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+@register_formula(["transformers::grouped_mm_fallback"], kind="matmul")
+def grouped_mm_fallback_flop(input_shape, weight_shape, offs_shape, *args, out_shape=None,
+                             **kwargs) -> int:
+    """MoE experts (transformers): every routed row meets one expert's [K, N] weight."""
+    s, k = input_shape
+    return 2 * s * k * weight_shape[2]
+
+
+@register_formula([aten._grouped_mm], kind="matmul")
+def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's grouped mm (2D x 3D with offsets, or batched 3D x 3D); its registry misses it."""
+    if len(a_shape) == 2 and len(b_shape) == 2:  # 2D x 2D: K split into groups
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * prod(out_shape) * a_shape[-1]
+
+
 # --- vector class ----------------------------------------------------------------------
 
 
@@ -166,7 +182,13 @@ register_formula([aten.native_group_norm, aten.native_batch_norm,
                   aten._native_batch_norm_legit_functional])(per_element(7))
 # RMS norm: square, mean, multiply by rsqrt, multiply by weight.
 register_formula([aten._fused_rms_norm])(per_element(4))
-register_formula([aten.topk, aten.sort])(per_element(1))
+# pooling: one FLOP per input element (compare or add)
+register_formula([aten.max_pool2d_with_indices, aten.max_pool1d, aten.max_pool2d,
+                  aten.max_pool3d_with_indices, aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
+                  aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool2d,
+                  aten.upsample_nearest2d])(per_element(1))
+register_formula([aten.topk, aten.sort, aten.histc, aten.floor_divide, aten.remainder,
+                  aten.bucketize])(per_element(1))
 
 register_zero_flop(
     aten.clone, aten.copy, aten.copy_, aten._to_copy, aten.contiguous, aten.empty,
@@ -191,7 +213,7 @@ register_zero_flop(
     aten.unsqueeze_copy, aten.transpose_copy,
 )
 # Python-level helpers Dynamo leaves in graphs.
-register_zero_flop("_operator.getitem", "builtins.getattr", "torch._C._set_grad_enabled",
+register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtins.getattr", "torch._C._set_grad_enabled",
                    "higher_order::with_effects", "torch.autograd.grad_mode._enter_inference_mode",
                    "torch.autograd.grad_mode._exit_inference_mode", "_operator.setitem")
 
