@@ -251,10 +251,15 @@ def test_unknown_op_raising_formula_and_missing_metadata_are_listed(fxflops_log)
 
 def test_views_are_free_not_uncounted():
     def f(x):
-        return x.view(2, 8).transpose(0, 1).reshape(16)[3:].unsqueeze(0)
+        return x.view(2, 8).transpose(0, 1)[3:].unsqueeze(0)
 
     cost = fxflops.analyze(torch.fx.symbolic_trace(f), [torch.randn(16)])
     assert cost.flops == 0 and cost.uncounted == {} and cost.bytes_nodes == 0
+
+    # reshape of a transposed tensor copies: bytes, still no FLOPs
+    cost = fxflops.analyze(torch.fx.symbolic_trace(lambda x: x.view(2, 8).t().reshape(16)),
+                           [torch.randn(16)])
+    assert cost.flops == 0 and cost.uncounted == {} and cost.bytes_nodes == 2 * 16 * 4
 
 
 def test_register_formula_overrides_and_is_used_by_analysis():
