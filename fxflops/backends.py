@@ -94,7 +94,9 @@ class InstrumentedGraph(SerializableCallable):
 
     def __getattr__(self, name: str) -> Any:
         # Inductor's and AOTAutograd's callables carry attributes callers may read
-        if name in ("inner", "record") or name.startswith("__"):
+        # ``serialize`` must not leak through: torch would then bundle the inner artifact
+        # alone and drop the instrumentation (we are a SerializableCallable ourselves)
+        if name in ("inner", "record", "serialize") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 

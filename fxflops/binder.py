@@ -8,6 +8,7 @@ The reader is one generated tuple expression: O(number of symbols) per call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,12 +60,18 @@ class SizeBinder:
         return cls([found[str(s)] for s in symbols])
 
 
+_PARAM_NAME = re.compile(r"(_parameters_|_buffers_|^[pb]_)", re.IGNORECASE)
+
+
 def static_size(gm: torch.fx.GraphModule) -> int | str:
-    """A static graph's size label: the leading dimension of its first tensor input."""
+    """A static graph's size label: the leading dimension of its first data input
+    (parameters and buffers, which Dynamo lifts to inputs too, are skipped by name)."""
     for node in gm.graph.nodes:
-        if node.op != "placeholder":
+        if node.op != "placeholder" or _PARAM_NAME.search(str(node.target)):
             continue
         val = node.meta.get("val", node.meta.get("example_value"))
         if isinstance(val, torch.Tensor) and val.dim() > 0:
-            return int(val.shape[0])
+            # never int() a SymInt: that would specialise the graph on its example size
+            size = val.shape[0]
+            return size if isinstance(size, int) else "dynamic"
     return "static"

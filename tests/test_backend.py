@@ -1,0 +1,191 @@
+"""The fxflops backend on real torch.compile: identical outputs, rows per size, AOT, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import fxflops
+from fxflops.demo_model import DemoConfig, DemoDecoder
+
+SMALL = DemoConfig(layers=1, vocab=64, hidden=64, heads=4, kv_heads=2, intermediate=96)
+
+
+def test_registered_backend_name_and_identical_outputs_to_inductor():
+    torch.manual_seed(0)
+    model = DemoDecoder(SMALL).eval()
+    ours = torch.compile(model, backend="fxflops", dynamic=True)
+    ref = torch.compile(model, backend="inductor", dynamic=True)
+    with torch.no_grad():
+        for b, s in [(2, 8), (3, 5), (2, 8), (4, 16)]:
+            x = torch.randint(0, 64, (b, s))
+            assert torch.equal(ours(x), ref(x))  # bit for bit
+    rows = fxflops.recorder().stats()
+    by_size = {r["size"]: r for r in rows}
+    assert set(by_size) == {"2x8", "3x5", "4x16"}
+    assert by_size["2x8"]["calls"] == 2
+    assert by_size["4x16"]["flops"] > by_size["2x8"]["flops"] > 0
+    assert all(r["median_ms"] > 0 and r["tflops"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("inner", ["eager", "aot_eager"])
+def test_inner_backends_by_name(inner):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    compiled = torch.compile(model, backend=fxflops.backend(inner=inner, name="mlp{index}"))
+    x = torch.randn(3, 8)
+    assert torch.equal(compiled(x), model(x))
+    (row,) = fxflops.recorder().stats()
+    assert row["graph"] == "mlp0" and row["size"] == 3 and row["matmul_flops"] == 2 * 3 * 8 * 8
+
+
+def test_inner_backend_callable_and_static_size_label():
+    seen = []
+
+    def inner(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda x: x.sin() * 2, backend=fxflops.backend(inner=inner))
+    compiled(torch.randn(6, 3))
+    assert seen
+    (row,) = fxflops.recorder().stats()
+    assert row["size"] == 6 and row["flops"] == 2 * 18
+
+
+def test_failure_inside_fxflops_is_logged_once_and_model_runs(fxflops_log):
+    model = torch.nn.Linear(4, 4)
+    wrappers = []
+    fx = fxflops.backend(inner="eager")
+
+    def capturing(gm, example_inputs):
+        wrappers.append(fx(gm, example_inputs))
+        return wrappers[-1]
+
+    compiled = torch.compile(model, backend=capturing, dynamic=True)
+    x = torch.randn(2, 4)
+    compiled(x)
+    graph = fxflops.recorder().graphs[0]
+
+    def broken(args):
+        raise RuntimeError("binder exploded")
+
+    for wrapper in wrappers:
+        wrapper._read = broken
+    for b in (3, 5, 7):
+        y = torch.randn(b, 4)
+        assert torch.equal(compiled(y), model(y))
+    messages = [r.getMessage() for r in fxflops_log.records if "binder exploded" in r.getMessage()]
+    assert len(messages) == 1 and "runs uninstrumented" in messages[0]
+    assert sum(r.count for r in graph.rows.values()) == 1
+
+
+def test_analysis_failure_compiles_uninstrumented(monkeypatch, fxflops_log):
+    import fxflops.backends
+
+    def explode(gm):
+        raise RuntimeError("analysis exploded")
+
+    monkeypatch.setattr(fxflops.backends, "analyze", explode)
+    compiled = torch.compile(lambda x: x * 3, backend="fxflops")
+    x = torch.randn(4)
+    assert torch.equal(compiled(x), x * 3)
+    assert fxflops.recorder().graphs == []
+    assert any("analysis exploded" in r.getMessage() for r in fxflops_log.records)
+
+
+def test_exceptions_of_the_model_itself_propagate():
+    def f(x):
+        return torch.ops.aten.mm(x, x)
+
+    compiled = torch.compile(f, backend=fxflops.backend(inner="eager"))
+    compiled(torch.randn(3, 3))
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(3, 4))
+
+
+def _f(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def test_aot_compiled_artifact_keeps_reporting_after_save_and_load(tmp_path):
+    import fxflops.recording
+
+    w1, w2 = torch.randn(16, 32), torch.randn(32, 4)
+    x = torch.randn(5, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    aot = torch.compile(_f, backend="fxflops", fullgraph=True).aot_compile(((x, w1, w2), {}))
+    path = tmp_path / "artifact.bin"
+    aot.save_compiled_function(str(path))
+    # a fresh process: no graphs, an empty recorder
+    fxflops.recording._RECORDER = None
+    torch._dynamo.reset()
+    with open(path, "rb") as f:
+        loaded = torch.compiler.load_compiled_function(f)
+    for b in (7, 9, 7):
+        xb = torch.randn(b, 16)
+        assert torch.equal(loaded(xb, w1, w2), torch.compile(_f, backend="inductor")(xb, w1, w2))
+    rows = {r["size"]: r for r in fxflops.recorder().stats()}
+    assert set(rows) == {7, 9}
+    assert rows[7]["calls"] == 2
+    assert rows[9]["matmul_flops"] == 2 * 9 * 16 * 32 + 2 * 9 * 32 * 4
+    assert fxflops.recorder().graphs[0].meta["loaded"] is True
+
+
+def test_window_is_bounded_and_rows_are_per_size():
+    from fxflops.stats import WINDOW
+
+    compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    xs = [torch.randn(n) for n in range(2, 12)]
+    for _ in range(WINDOW // 4 + 10):
+        for x in xs:
+            compiled(x)
+    graph = fxflops.recorder().graphs[0]
+    assert len(graph.rows) == len(xs)
+    for row in graph.rows.values():
+        assert row.count == WINDOW // 4 + 10
+        assert len(row.window) <= WINDOW
+    row = next(iter(graph.rows.values()))
+    for _ in range(3 * WINDOW):
+        row.add(1000)
+    assert len(row.window) == WINDOW and row.percentiles()["median_ms"] == 0.001
+
+
+def test_report_file_is_written_at_flush_and_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
+    compiled = torch.compile(torch.nn.Linear(8, 2), backend=fxflops.backend(inner="eager"))
+    compiled(torch.randn(4, 8))
+    rec = fxflops.recorder()
+    rec.flush()
+    (path,) = tmp_path.glob("fxflops-*.json")
+    report = fxflops.load_report(path)
+    assert report["schema"] == "fxflops.report/1"
+    assert report["process"]["pid"] == os.getpid()
+    g = report["graphs"][0]
+    assert g["flops"] == 2 * 4 * 8 * 2 and g["rows"][0]["calls"] == 1
+    assert (tmp_path / "graphs" / f"{g['name']}.py").exists()
+    assert not list(tmp_path.glob(".fxflops-*"))  # no temporary left behind
+    json.loads(path.read_text())
+
+
+def test_peak_env_gives_mfu(monkeypatch):
+    monkeypatch.setenv("FXFLOPS_PEAK_TFLOPS", "1.5")
+    monkeypatch.setenv("FXFLOPS_PEAK_GBPS", "100")
+    compiled = torch.compile(torch.nn.Linear(64, 64), backend=fxflops.backend(inner="eager"))
+    compiled(torch.randn(32, 64))
+    (row,) = fxflops.recorder().stats()
+    assert row["mfu"] == pytest.approx(row["matmul_flops"] / (row["median_ms"] / 1e3) / 1.5e12)
+    assert row["bound"] in ("memory", "compute") and row["roofline_ms"] > 0
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, fxflops; fxflops.analyze; "
+            "print(sorted(m for m in ('vllm', 'matplotlib', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
