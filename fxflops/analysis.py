@@ -232,7 +232,9 @@ class CostAnalysis:
         cost = NodeCost(node.name, name, module=_module_of(node))
         if name in formulas.ZERO_FLOP_OPS:  # known free, whatever its metadata says
             return cost
-        if not _has_val(node) or any(not _has_val(a) for a in node.all_input_nodes):
+        returns_nothing = _is_direct_op(target) and not _unwrap_overload(target)._schema.returns
+        if (not _has_val(node) and not returns_nothing) or any(
+                not _has_val(a) for a in node.all_input_nodes):
             cost.uncounted, cost.error = (name,), "no shape metadata"
             warn_once(f"nometa:{name}", "fxflops: node %s (%s) has no shape metadata; "
                       "counted as 0", node.name, name)

@@ -85,6 +85,17 @@ def graph_rows(g: Any, peak: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)} for r in rows]
 
 
+def _with_graph_cost(forward_row: SizeStats, rec: Any) -> SizeStats:
+    """A whole forward costs what its graphs cost at its size (attention, which runs
+    outside piecewise graphs, is added per call from the forward's own run-time count)."""
+    from fxflops.cost import CostAt
+
+    costs = [r.cost for g in rec.graphs for r in g.rows.values()
+             if r.size == forward_row.size and r.cost is not None]
+    forward_row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(4)))
+    return forward_row
+
+
 def build_report(rec: Any) -> dict[str, Any]:
     peak = rec.peak()
     graphs = []
@@ -101,7 +112,8 @@ def build_report(rec: Any) -> dict[str, Any]:
             "rows": [row_figures(r, peak) for r in sorted(
                 g.rows.values(), key=lambda r: (str(type(r.size)), r.size))],
         })
-    forward = [row_figures(r, peak) for r in sorted(rec.forwards.values(), key=lambda r: r.size)]
+    forward = [row_figures(_with_graph_cost(r, rec), peak)
+               for r in sorted(rec.forwards.values(), key=lambda r: r.size)]
     return {"schema": SCHEMA, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward}
 

@@ -1,0 +1,66 @@
+"""A tiny dummy-weight Llama under vLLM with fxflops: nothing is downloaded.
+
+    python examples/vllm_tiny.py OUT_DIR [--mode 2|3] [--tp N] [--cache DIR]
+
+Writes one fxflops report per process (rank) into OUT_DIR. Used by the tests too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+
+def tiny_llama(path: str, arch: str = "llama") -> str:
+    """A config-only model folder: vLLM builds it with load_format='dummy'."""
+    os.makedirs(path, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+    if arch == "qwen2":
+        cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                    "intermediate_size": 768, "num_key_value_heads": 1})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--mode", type=int, default=2)
+    p.add_argument("--backend", default="fxflops")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--arch", default="llama")
+    p.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT (reuse for a warm start)")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=8)
+    args = p.parse_args()
+    os.environ["FXFLOPS_OUT"] = os.path.abspath(args.out)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.cache:
+        os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.cache)
+    if args.tp > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
+    from vllm import LLM, SamplingParams
+
+    model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
+              compilation_config={"mode": args.mode, "backend": args.backend},
+              max_num_seqs=8, seed=0)
+    prompts = [{"prompt_token_ids": list(range(10 + 7 * i, 10 + 7 * i + 12 + 5 * i))}
+               for i in range(args.prompts)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=args.tokens, ignore_eos=True,
+                                                detokenize=False))
+    print("generated", [len(o.outputs[0].token_ids) for o in outs])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""fxflops inside vLLM: see ``plugin`` (what loads) and ``hooks`` (what it changes)."""

@@ -1,0 +1,138 @@
+"""CUDA-event timing without synchronisation, CUDA-graph replays included.
+
+Eager calls: a start/end ``torch.cuda.Event(enable_timing=True)`` pair from a pool is
+recorded on the current stream around the call; pairs are harvested later with ``query()``
+(never ``synchronize()``), oldest first, each time a new call starts. At most
+``max_in_flight`` pairs wait; past that the oldest sample is dropped (counted), not waited
+for.
+
+Stream capture (CUDA graphs): a call made while its stream is capturing records a pair
+created with ``external=True``; the pair becomes part of the graph and is recorded again on
+every replay. ``CUDAGraph.replay`` is wrapped so that, before a graph replays, the pairs of
+its previous replay are read (they would be overwritten) and credited to their row.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _torch_cuda() -> Any:
+    import torch
+
+    return torch.cuda
+
+
+class CudaEventTimer:
+    def __init__(self, max_in_flight: int = 256, cuda: Any = None) -> None:
+        self.cuda = cuda or _torch_cuda()
+        self.max_in_flight = max_in_flight
+        self.pending: deque[tuple[Any, Any, Any]] = deque()
+        self.pool: list[tuple[Any, Any]] = []
+        self.dropped = 0
+
+    # --- eager calls ------------------------------------------------------------------
+
+    def time_call(self, fn: Callable[..., Any], args: Sequence[Any], row: Any) -> Any:
+        if self.cuda.is_current_stream_capturing():
+            return capture_registry(self.cuda).time_captured(fn, args, row)
+        self.harvest()
+        start, end = self.pool.pop() if self.pool else self._new_pair()
+        start.record()
+        out = fn(*args)
+        end.record()
+        if len(self.pending) >= self.max_in_flight:
+            self.pending.popleft()
+            self.dropped += 1
+        self.pending.append((start, end, row))
+        return out
+
+    def _new_pair(self) -> tuple[Any, Any]:
+        return (self.cuda.Event(enable_timing=True), self.cuda.Event(enable_timing=True))
+
+    def harvest(self) -> int:
+        """Credit every finished pair, oldest first; stop at the first unfinished one."""
+        done = 0
+        pending = self.pending
+        while pending and pending[0][1].query():
+            start, end, row = pending.popleft()
+            row.add(int(start.elapsed_time(end) * 1e6))
+            self.pool.append((start, end))
+            done += 1
+        return done
+
+
+class CaptureRegistry:
+    """Pairs recorded inside CUDA-graph captures, by graph, read before each replay."""
+
+    def __init__(self, cuda: Any) -> None:
+        self.cuda = cuda
+        self.by_graph: weakref.WeakKeyDictionary[Any, list[tuple[Any, Any, Any]]] = \
+            weakref.WeakKeyDictionary()
+        self.replayed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self.current = threading.local()
+        self.missed = 0
+        self._patch()
+
+    def _patch(self) -> None:
+        graph_cls = self.cuda.CUDAGraph
+        if getattr(graph_cls.replay, "_fxflops", False):
+            return
+        registry = self
+        begin, replay = graph_cls.capture_begin, graph_cls.replay
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            registry.current.graph = graph
+            return begin(graph, *args, **kwargs)
+
+        def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            registry.read(graph)
+            out = replay(graph, *args, **kwargs)
+            if graph in registry.by_graph:
+                registry.replayed[graph] = True
+            return out
+
+        patched_replay._fxflops = True  # type: ignore[attr-defined]
+        graph_cls.capture_begin = capture_begin
+        graph_cls.replay = patched_replay
+
+    def time_captured(self, fn: Callable[..., Any], args: Sequence[Any], row: Any) -> Any:
+        start = self.cuda.Event(enable_timing=True, external=True)
+        end = self.cuda.Event(enable_timing=True, external=True)
+        start.record()
+        out = fn(*args)
+        end.record()
+        graph = getattr(self.current, "graph", None)
+        if graph is not None:
+            self.by_graph.setdefault(graph, []).append((start, end, row))
+        return out
+
+    def read(self, graph: Any) -> None:
+        """The previous replay's times of ``graph``'s pairs, before this replay overwrites them."""
+        if not self.replayed.get(graph):
+            return
+        self.replayed[graph] = False
+        for start, end, row in self.by_graph.get(graph, ()):
+            if end.query():
+                row.add(int(start.elapsed_time(end) * 1e6))
+            else:
+                self.missed += 1
+
+    def flush(self) -> None:
+        """Read every graph's last replay (at report time)."""
+        for graph in list(self.by_graph.keys()):
+            self.read(graph)
+
+
+_REGISTRY: CaptureRegistry | None = None
+
+
+def capture_registry(cuda: Any = None) -> CaptureRegistry:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = CaptureRegistry(cuda or _torch_cuda())
+    return _REGISTRY
