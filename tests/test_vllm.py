@@ -21,7 +21,6 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
 # examples/vllm_tiny.py: two prompts of 12 and 17 tokens, 8 new tokens each
 PROMPTS = (12, 17)
-PREFILL = sum(PROMPTS)
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 
 
@@ -68,17 +67,19 @@ def test_mode2_cold_start_rows_flops_and_attention(cold):
     assert graph["uncounted"] == {}
     assert graph["runtime_ops"] == ["attention:vllm::unified_attention_with_output"]
     rows = rows_by_size(report)
-    assert PREFILL in rows and 2 in rows  # prefill of both prompts, then decode steps
-    for size in (PREFILL, 2):
-        r = rows[size]
+    assert len(rows) >= 2  # prefill and decode sizes (the scheduler decides the batching)
+    for size, r in rows.items():
+        if size == 4096:  # vLLM's warm-up call at max_num_batched_tokens
+            continue
         assert r["calls"] >= 1 and r["median_ms"] > 0 and r["flops"] > 0
         static_matmul = r["matmul_flops"] - r["runtime_flops"]
         assert static_matmul == size * dense_matmul_per_token()
-    # attention from the real KV lengths: prefill pairs q(q+1)/2 per prompt
+    # attention from the real KV lengths, whatever the batching: prefill q(q+1)/2 pairs,
+    # then 7 decode steps whose new token at position p sees p + 1 keys
     coeff = LAYERS * 4 * HEADS * HEAD_DIM
-    assert rows[PREFILL]["runtime_flops"] == coeff * sum(q * (q + 1) // 2 for q in PROMPTS)
-    # decode: one new token per request over a growing context: more than the first step's
-    assert rows[2]["runtime_flops"] > coeff * (PROMPTS[0] + 1 + PROMPTS[1] + 1)
+    pairs = sum(q * (q + 1) // 2 + sum(p + 1 for p in range(q, q + 7)) for q in PROMPTS)
+    counted = sum(r["runtime_flops"] * r["calls"] for s, r in rows.items() if s != 4096)
+    assert counted == pytest.approx(coeff * pairs, abs=len(rows))
     assert (out / "graphs" / f"{graph['name']}.py").exists()
 
 
@@ -90,13 +91,13 @@ def test_whole_forward_agrees_with_vllm_batchsize_log(cold):
                        r"(\[.*\])", log)
     assert lines, "vLLM logged no batch-size stats"
     theirs = {bs: (count, ms) for bs, count, ms in eval(lines[-1])}  # a list of tuples
-    assert 2 in theirs and 2 in ours
-    count, ms = theirs[2]
-    assert ours[2]["calls"] == count
+    size = max(theirs, key=lambda bs: theirs[bs][0])  # the size vLLM saw most
+    count, ms = theirs[size]
+    assert ours[size]["calls"] == count
     # vLLM times the whole set_forward_context block and synchronises; we time the model
     # forward inside it: within 25% or 2 ms of each other
-    assert abs(ours[2]["median_ms"] - ms) <= max(0.25 * ms, 2.0), (ours[2]["median_ms"], ms)
-    assert 0 <= ours[2]["flops"] and ours[2]["runtime_flops"] > 0
+    assert abs(ours[size]["median_ms"] - ms) <= max(0.25 * ms, 2.0), (ours[size], ms)
+    assert ours[size]["runtime_flops"] > 0 and ours[size]["flops"] > ours[size]["runtime_flops"]
 
 
 def test_mode2_warm_start_loads_the_artifact_and_reports(cold, cache_dir, tmp_path):
@@ -106,9 +107,10 @@ def test_mode2_warm_start_loads_the_artifact_and_reports(cold, cache_dir, tmp_pa
     (graph,) = report["graphs"]
     assert graph["meta"].get("loaded") is True
     rows = rows_by_size(report)
-    assert rows[PREFILL]["matmul_flops"] - rows[PREFILL]["runtime_flops"] == \
-        PREFILL * dense_matmul_per_token()
-    assert rows[2]["median_ms"] > 0
+    assert len(rows) >= 2
+    for size, r in rows.items():
+        assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
+        assert r["median_ms"] > 0
 
 
 def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
@@ -123,7 +125,12 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
     (tp1,) = load_reports([cold[0]])
     tp1_rows = rows_by_size(tp1)
     graph_name = reports[0]["graphs"][0]["name"]
-    assert merged[(graph_name, PREFILL)]["matmul_flops"] == tp1_rows[PREFILL]["matmul_flops"]
+    common = [s for s in tp1_rows if (graph_name, s) in merged and s != 4096]
+    assert common
+    for size in common:  # static matmul FLOPs: each rank does its shard
+        m = merged[(graph_name, size)]
+        assert m["matmul_flops"] - m["runtime_flops"] == \
+            tp1_rows[size]["matmul_flops"] - tp1_rows[size]["runtime_flops"]
     out = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "report", str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "all" in out.stdout
@@ -134,5 +141,6 @@ def test_second_architecture_qwen2(tmp_path):
     (report,) = load_reports([tmp_path])
     rows = rows_by_size(report)
     per_token = dense_matmul_per_token(inter=768, kv_heads=1)
-    assert rows[PREFILL]["matmul_flops"] - rows[PREFILL]["runtime_flops"] == PREFILL * per_token
+    for size, r in rows.items():
+        assert r["matmul_flops"] - r["runtime_flops"] == size * per_token
     assert report["graphs"][0]["uncounted"] == {}

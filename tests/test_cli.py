@@ -1,0 +1,130 @@
+"""The command line on real reports: demo, report, compare, tune, plot; bad input -> exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fxflops
+from fxflops.cli.main import main
+from fxflops.dump import annotate, readable_source
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fxflops.cli.main", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def demo_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    proc = cli("demo", "--inner", "eager", "--iters", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "All match." in proc.stdout and "= exact" in proc.stdout
+    return out
+
+
+def test_demo_report_csv_json(demo_out, tmp_path):
+    proc = cli("report", str(demo_out))
+    assert proc.returncode == 0 and "graph" in proc.stdout
+    proc = cli("report", str(demo_out / "demo.json"), "--json", "-")
+    rows = json.loads(proc.stdout)
+    assert rows and all(r["flops"] > 0 for r in rows)
+    assert cli("report", str(demo_out), "--csv", str(tmp_path / "rows.csv")).returncode == 0
+    assert (tmp_path / "rows.csv").read_text().startswith("rank,graph,size")
+
+
+def test_compare_and_plot(demo_out, tmp_path):
+    proc = cli("compare", str(demo_out / "demo.json"), str(demo_out / "demo.json"))
+    assert proc.returncode == 0 and "1.00x" in proc.stdout
+    png = tmp_path / "plot.png"
+    proc = cli("plot", str(demo_out), "-o", str(png))
+    assert proc.returncode == 0 and png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "no such file"), ("", "empty file"), ('{"schema": "fxflops.report/1", "gra', "truncated"),
+    ('{"hello": 1}', "not an fxflops report"), ("[1, 2]", "not an fxflops report")])
+@pytest.mark.parametrize("command", ["report", "compare", "plot", "tune"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, content, message, command):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    args = {"report": [str(path)], "compare": [str(path), str(path)], "plot": [str(path)],
+            "tune": [str(path)]}[command]
+    proc = cli(command, *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def _report(path, rows_by_graph, forward=()):
+    """A report as fxflops writes it (used for tune/compare cases with chosen medians)."""
+    graphs = []
+    for i, (name, symbols, rows, meta) in enumerate(rows_by_graph):
+        graphs.append({"id": i, "name": name, "nodes": 1, "meta": meta, "symbols": symbols,
+                       "flops": 1, "matmul_flops": 1, "bytes_io": 1, "bytes_nodes": 1,
+                       "runtime_ops": [], "by_op": [], "by_module": [], "uncounted": {},
+                       "dropped_sizes": 0, "rows": rows})
+    data = {"schema": "fxflops.report/1", "process": {"pid": 1, "rank": None}, "peak": {},
+            "graphs": graphs, "forward": list(forward)}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _row(size, ms, calls=10):
+    return {"size": size, "key": [size], "calls": calls, "total_ms": ms * calls,
+            "median_ms": ms, "p10_ms": ms, "p90_ms": ms, "flops": 1000 * size,
+            "matmul_flops": 1000 * size, "runtime_flops": 0, "bytes_io": 10, "bytes_nodes": 10,
+            "gflops": size * 1e-6, "tflops": 1e-9, "gbps": 1.0, "mfu": None}
+
+
+def test_tune_recommends_only_clearly_faster_sizes(tmp_path, capsys):
+    general = _report(tmp_path / "general.json", [], forward=[_row(1, 10.0, 100), _row(8, 12.0, 50)])
+    special = _report(tmp_path / "special.json",
+                      [("piece0of1:size1", [], [_row(1, 5.0)], {"compile_size": 1}),
+                       ("piece0of1:size8", [], [_row(8, 11.9)], {"compile_size": 8})],
+                      forward=[_row(1, 6.0, 100), _row(8, 11.9, 50)])
+    assert main(["tune", str(general), str(special)]) == 0
+    out = capsys.readouterr().out
+    assert '{"compile_sizes": [1]}' in out  # 1: 67% faster; 8: under 1%, not worth it
+    slow = _report(tmp_path / "slow.json", [("piece0of1:size1", [], [_row(1, 10.0)],
+                                             {"compile_size": 1})], forward=[_row(1, 10.1)])
+    assert main(["tune", str(general), str(slow)]) == 0
+    assert "no compile_sizes" in capsys.readouterr().out
+
+
+def test_compare_shows_sizes_in_one_run_only(tmp_path, capsys):
+    a = _report(tmp_path / "a.json", [], forward=[_row(1, 4.0), _row(2, 5.0)])
+    b = _report(tmp_path / "b.json", [], forward=[_row(2, 2.5), _row(4, 6.0)])
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "2.00x" in out and "only in base" in out and "only in new" in out
+    c = _report(tmp_path / "c.json", [], forward=[_row(16, 1.0)])
+    assert main(["compare", str(a), str(c)]) == 2
+
+
+def test_dump_comments_add_up_to_the_header_totals():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    seen = {}
+
+    def be(gm, ex):
+        seen["gm"], seen["cost"] = gm, fxflops.analyze(gm)
+        return gm.forward
+
+    torch.compile(model, backend=be)(torch.randn(3, 16))
+    cost = seen["cost"]
+    text = annotate(readable_source(seen["gm"]), cost, "g")
+    import re
+
+    shares = [float(m) for m in re.findall(r"# [^#]*?FLOP \((\d+\.\d)%\)", text)]
+    assert abs(sum(shares) - 100.0) < 0.5
+    costed = [n for n in cost.nodes if n.flops]
+    assert len(shares) == len(costed)
+    assert sum(n.flops for n in cost.nodes) == cost.flops
+    assert f"[{cost.flops}]" in text or "FLOPs:" in text

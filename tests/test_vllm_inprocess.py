@@ -1,0 +1,101 @@
+"""vLLM integration pieces that run in this process: plugin switch, mode-3 name, piecewise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxflops
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+
+def test_plugin_does_nothing_unless_asked(monkeypatch):
+    monkeypatch.delenv("FXFLOPS", raising=False)
+    from vllm.compilation.backends import CompilerManager
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from fxflops.integrations.vllm import plugin
+
+    plugin.register()
+    assert not getattr(GPUModelRunner._model_forward, "_fxflops", False)
+    assert not getattr(CompilerManager.compile, "_fxflops", False)
+    assert not plugin.enabled()
+
+
+def test_mode3_backend_name_becomes_instrumented_inductor(monkeypatch):
+    monkeypatch.delenv("FXFLOPS", raising=False)
+    from vllm.config import CompilationConfig
+
+    from fxflops.integrations.vllm import plugin
+
+    plugin.register()
+    cc = CompilationConfig(mode=3, backend="fxflops")
+    assert cc.backend == "inductor"
+    import os
+
+    assert os.environ["FXFLOPS"] == "1"
+    monkeypatch.delenv("FXFLOPS")
+    from vllm.compilation.backends import CompilerManager
+
+    assert getattr(CompilerManager.compile, "_fxflops", False)
+
+
+def _silu_mm(x, w):
+    return torch.nn.functional.silu(x @ w) * 2
+
+
+def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_path):
+    """Drives vLLM's own CompilerManager (mode 3's compiler) with a real Dynamo graph.
+
+    vLLM on CPU runs mode 2, so the piecewise path is exercised here through its real
+    compiler interface rather than through the engine.
+    """
+    monkeypatch.setenv("FXFLOPS", "1")
+    from vllm.compilation.backends import CompilerManager
+    from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.utils import Range
+
+    from fxflops.integrations.vllm import plugin
+
+    plugin.install()
+    captured = {}
+
+    def grab(gm, example_inputs):
+        captured["gm"], captured["ex"] = gm, example_inputs
+        return gm.forward
+
+    w = torch.randn(32, 64)
+    x = torch.randn(8, 32)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch.compile(_silu_mm, backend=grab)(x, w)
+    cc = CompilationConfig(mode=3, backend="inductor")
+
+    def compile_once():
+        manager = CompilerManager(cc)
+        manager.initialize_cache(str(tmp_path), disable_cache=False, prefix="")
+        fn = manager.compile(captured["gm"], captured["ex"], {}, cc, Range(start=1, end=16),
+                             graph_index=0, num_graphs=1)
+        manager.save_to_file()
+        return fn
+
+    with set_current_vllm_config(VllmConfig(compilation_config=cc)):
+        for round_ in ("compile", "load"):
+            fn = compile_once()
+            for b in (3, 5):
+                xb = torch.randn(b, 32)
+                args = [b if isinstance(e, (int, torch.SymInt)) else
+                        (xb if e.shape[0] == 8 else w) for e in captured["ex"]]
+                out = fn(*args)
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                torch.testing.assert_close(out, _silu_mm(xb, w))
+    rows = fxflops.recorder().stats()
+    names = {r["graph"] for r in rows}
+    assert names == {"piece0of1:range[1,16]"}
+    graphs = fxflops.recorder().graphs
+    assert len(graphs) == 2  # once compiled, once loaded from vLLM's cache
+    for g in graphs:
+        sizes = {r.size: r for r in g.rows.values()}
+        assert set(sizes) == {3, 5}
+        assert sizes[5].cost.matmul_flops == 2 * 5 * 32 * 64
