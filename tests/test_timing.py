@@ -81,7 +81,7 @@ def test_pairs_recorded_in_capture_are_read_before_each_replay():
     cuda.capturing = False
     ((start, end, _),) = registry.by_graph[graph]
     assert start.external and end.external
-    for replay in range(3):
+    for _ in range(3):
         graph.replay()  # the patched replay reads the previous replay's pair first
         start.record()
         end.record()

@@ -81,7 +81,7 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
         return fn
 
     with set_current_vllm_config(VllmConfig(compilation_config=cc)):
-        for round_ in ("compile", "load"):
+        for _ in ("compile", "load from the cache"):
             fn = compile_once()
             for b in (3, 5):
                 xb = torch.randn(b, 32)
