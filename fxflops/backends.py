@@ -39,6 +39,14 @@ def _resolve_class(name: str) -> type:
     return obj
 
 
+_OFF_KEY = ("fxflops-off",)
+_OFF = object()  # the row of a graph whose instrumentation gave up
+
+
+def _off_key(args: Sequence[Any]) -> tuple[str]:
+    return _OFF_KEY
+
+
 class InstrumentedGraph(SerializableCallable):
     """A compiled graph that records, per call, its size and how long it took.
 
@@ -51,22 +59,37 @@ class InstrumentedGraph(SerializableCallable):
         self.inner = inner
         self.record = record
         self._rows = record.rows
-        self._read = record.binder.read if record.binder is not None else None
+        self._read = record.binder.read
         self._timer = timer  # None: CPU clock; else a CUDA-event timer
-        self._broken = False
-        self._runtime = bool(record.runtime_kinds)
+        # run-time costers (vLLM attention) of this graph's kinds, looked up once
+        self._costers = tuple(recorder().coster(k) for k in record.runtime_kinds)
+        self._plain = not self._costers and timer is None  # CPU, nothing per call but time
 
     # --- the hot path -----------------------------------------------------------------
 
     def __call__(self, *args: Any) -> Any:
-        if self._broken:
+        try:
+            row = self._rows.get(self._read(args)) or self._first_call_at_size(args)
+        except Exception as e:
+            return self._give_up(e, args)
+        if not self._plain:
+            return self._call_special(row, args)
+        t0 = _now()
+        out = self.inner(*args)
+        ns = _now() - t0
+        # SizeStats.add, inlined: this is the whole per-call bookkeeping
+        n = row.count
+        row.count = n + 1
+        row.total_ns += ns
+        row.window[n % row.cap] = ns
+        return out
+
+    def _call_special(self, row: Any, args: Sequence[Any]) -> Any:
+        """Calls that count run-time FLOPs, run on a GPU, or are no longer instrumented."""
+        if row is _OFF:
             return self.inner(*args)
         try:
-            key = self._read(args) if self._read is not None else ()
-            row = self._rows.get(key)
-            if row is None:
-                row = self.record.new_row(key)
-            if self._runtime:
+            if self._costers:
                 self._count_runtime(row)
         except Exception as e:
             return self._give_up(e, args)
@@ -77,16 +100,21 @@ class InstrumentedGraph(SerializableCallable):
         row.add(_now() - t0)
         return out
 
+    def _first_call_at_size(self, args: Sequence[Any]) -> Any:
+        # the one place sympy runs: once per new size
+        return self.record.new_row(self._read(args))
+
     def _count_runtime(self, row: Any) -> None:
-        for kind in self.record.runtime_kinds:
-            coster = recorder().runtime_costers.get(kind)
-            pairs = coster() if coster is not None else None
+        for coster in self._costers:
+            pairs = coster.pairs()
             if pairs is not None:
                 row.runtime_flops += row.runtime_coeff * pairs
                 row.runtime_calls += 1
 
     def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
-        self._broken = True
+        # from now on every call finds the "off" row: two cheap steps, then the inner call
+        self._read, self._rows, self._costers = _off_key, {_OFF_KEY: _OFF}, ()
+        self._plain = False
         warn_once(f"broken:{self.record.id}", "fxflops: instrumentation of graph %s failed "
                   "(%s: %s); it runs uninstrumented from now on", self.record.name,
                   type(error).__name__, error)
@@ -132,7 +160,7 @@ class InstrumentedGraph(SerializableCallable):
         inner = _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
         record = recorder().register(state["name"], state["cost"], state["binder"],
                                      state["static_size"], {**state["meta"], "loaded": True})
-        timer = _make_timer() if state.get("cuda") else None
+        timer = _make_timer() if state["cuda"] else None
         return cls(inner, record, timer)
 
 
@@ -146,7 +174,7 @@ def _uses_cuda(example_inputs: Sequence[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
-def _dtype_of(cost: Any, example_inputs: Sequence[Any]) -> str | None:
+def _dtype_of(example_inputs: Sequence[Any]) -> str | None:
     from fxflops.peaks import DTYPE_NAMES
 
     for x in example_inputs:
@@ -194,7 +222,7 @@ class FxflopsBackend:
             index = len(rec.graphs)
             name = self.name.format(index=index) if self.name else f"graph{index}"
             record = rec.register(name, cost, binder, size, {"inner": _inner_name(self.inner)})
-            self._describe_process(example_inputs, cost)
+            self._describe_process(example_inputs)
             self._dump(gm, record)
             timer = _make_timer() if _uses_cuda(example_inputs) else None
             return InstrumentedGraph(compiled, record, timer)
@@ -204,11 +232,11 @@ class FxflopsBackend:
             return compiled
 
     @staticmethod
-    def _describe_process(example_inputs: Sequence[Any], cost: Any) -> None:
+    def _describe_process(example_inputs: Sequence[Any]) -> None:
         info = recorder().info
         if "device" not in info:
             info["device"] = _device_name(example_inputs)
-        dtype = _dtype_of(cost, example_inputs)
+        dtype = _dtype_of(example_inputs)
         if dtype and "dtype" not in info:
             info["dtype"] = dtype
 

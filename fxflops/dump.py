@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fxflops.cost import Count, GraphCost, NodeCost, evaluate
+from fxflops.report import atomic_text
 
 _ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
 
@@ -117,12 +118,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def write_text(path: str, text: str) -> None:
-    from fxflops.report import atomic_text
-
-    atomic_text(text, path)
-
-
 def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
     """Dump the symbolic annotation now; sized dumps follow as sizes are seen."""
     lines = readable_source(gm)
@@ -130,7 +125,7 @@ def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
     text = annotate(lines, record.cost, record.name)
     dirs = [d for d in (_out_dir(), record.meta.get("dump_dir")) if d]
     for d in dirs:
-        write_text(os.path.join(d, f"{_safe(record.name)}.py"), text)
+        atomic_text(text, os.path.join(d, f"{_safe(record.name)}.py"))
     try:
         from torch._logging import trace_structured
 
@@ -153,7 +148,7 @@ def dump_sizes(record: Any) -> None:
             continue
         binding = dict(zip(record.cost.symbols, key))
         text = annotate(lines, record.cost, record.name, binding, row.size)
-        write_text(os.path.join(out, f"{_safe(record.name)}.size{_safe(str(row.size))}.py"), text)
+        atomic_text(text, os.path.join(out, f"{_safe(record.name)}.size{_safe(str(row.size))}.py"))
         done.add(key)
 
 

@@ -38,6 +38,7 @@ class GraphRecord:
         self.rows: dict[tuple[int, ...], SizeStats] = {}
         self.dropped_sizes = 0
         self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes]
+        self.runtime_kinds = tuple(sorted({kind for kind, _ in self._runtime_coeffs}))
 
     def new_row(self, key: tuple[int, ...]) -> SizeStats:
         """First call at a size: evaluate the cost expressions once for it."""
@@ -54,16 +55,25 @@ class GraphRecord:
         row.runtime_coeff = sum(evaluate(c, binding) for _, c in self._runtime_coeffs)
         return self.rows.setdefault(key, row)
 
-    @property
-    def runtime_kinds(self) -> set[str]:
-        return {kind for kind, _ in self._runtime_coeffs if kind}
+
+# where calls go once a graph has MAX_SIZES rows: counted, not kept per size
+_OVERFLOW = SizeStats((), "overflow")
 
 
-class _OverflowRow(SizeStats):
-    """Where calls go once a graph has MAX_SIZES rows: counted, not kept per size."""
+def _no_pairs() -> None:
+    return None
 
 
-_OVERFLOW = _OverflowRow((), "overflow")
+class RuntimeCoster:
+    """A late-bound source of run-time counts of one kind ("attention": the (query, key)
+    pairs of the current call). Graphs hold the object; an integration sets ``pairs``
+    whenever it loads, before or after the graphs were compiled or deserialised."""
+
+    __slots__ = ("kind", "pairs")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.pairs: Callable[[], int | None] = _no_pairs
 
 
 class Recorder:
@@ -75,8 +85,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._exit_hooked = False
-        # run-time costers by kind ("attention"): () -> pairs for the current call
-        self.runtime_costers: dict[str, Callable[[], int | None]] = {}
+        self.runtime_costers: dict[str, RuntimeCoster] = {}
 
     # --- registration (compile time) -------------------------------------------------
 
@@ -87,6 +96,12 @@ class Recorder:
             self.graphs.append(record)
         self._start_background()
         return record
+
+    def coster(self, kind: str) -> RuntimeCoster:
+        coster = self.runtime_costers.get(kind)
+        if coster is None:
+            coster = self.runtime_costers.setdefault(kind, RuntimeCoster(kind))
+        return coster
 
     def forward_row(self, size: int) -> SizeStats:
         row = self.forwards.get(size)

@@ -62,8 +62,7 @@ def _rollups(rollups: dict[str, Rollup], limit: int = 50) -> list[dict[str, Any]
 
 def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     pct = row.percentiles()
-    calls_with_runtime = max(row.runtime_calls, 1)
-    runtime_flops = row.runtime_flops / calls_with_runtime if row.runtime_calls else 0
+    runtime_flops = row.runtime_flops / row.runtime_calls if row.runtime_calls else 0
     cost = row.cost
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
@@ -80,9 +79,15 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     return fig
 
 
+def sorted_rows(rows: Any) -> list[SizeStats]:
+    """Numeric sizes in order, then labelled ones ("4x16", "static")."""
+    return sorted(rows, key=lambda r: (not isinstance(r.size, int), str(r.size)
+                                       if not isinstance(r.size, int) else r.size))
+
+
 def graph_rows(g: Any, peak: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = sorted(g.rows.values(), key=lambda r: (str(type(r.size)), r.size))
-    return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)} for r in rows]
+    return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)}
+            for r in sorted_rows(g.rows.values())]
 
 
 def _with_graph_cost(forward_row: SizeStats, rec: Any) -> SizeStats:
@@ -109,11 +114,10 @@ def build_report(rec: Any) -> dict[str, Any]:
             "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),
             "by_op": _rollups(c.by_op()), "by_module": _rollups(c.by_module()),
             "uncounted": c.uncounted, "dropped_sizes": g.dropped_sizes,
-            "rows": [row_figures(r, peak) for r in sorted(
-                g.rows.values(), key=lambda r: (str(type(r.size)), r.size))],
+            "rows": [row_figures(r, peak) for r in sorted_rows(g.rows.values())],
         })
     forward = [row_figures(_with_graph_cost(r, rec), peak)
-               for r in sorted(rec.forwards.values(), key=lambda r: r.size)]
+               for r in sorted_rows(rec.forwards.values())]
     return {"schema": SCHEMA, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward}
 

@@ -17,7 +17,7 @@ WINDOW = int(os.environ.get("FXFLOPS_WINDOW", "512"))
 class SizeStats:
     """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
 
-    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "pos", "cap",
+    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
                  "runtime_flops", "runtime_calls", "runtime_coeff")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: Any = None,
@@ -27,8 +27,8 @@ class SizeStats:
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
         self.count = 0
         self.total_ns = 0
-        self.window = array("q")
-        self.pos = 0
+        # preallocated once per size: adding a sample is one store, no growth, no branch
+        self.window = array("q", bytes(8 * cap))
         self.cap = cap
         # FLOPs counted per call from run-time state (vLLM attention), summed over calls
         self.runtime_flops = 0
@@ -37,20 +37,20 @@ class SizeStats:
         self.runtime_coeff = 0
 
     def add(self, ns: int) -> None:
-        self.count += 1
+        n = self.count
+        self.count = n + 1
         self.total_ns += ns
-        window = self.window
-        if len(window) < self.cap:
-            window.append(ns)
-        else:
-            window[self.pos] = ns
-            self.pos = (self.pos + 1) % self.cap
+        self.window[n % self.cap] = ns
+
+    def samples(self) -> array:
+        """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
+        return self.window[: min(self.count, self.cap)]
 
     def percentiles(self) -> dict[str, float]:
         """median, p10, p90 of the window, in milliseconds."""
-        if not self.window:
+        if not self.count:
             return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
-        ordered = sorted(self.window)
+        ordered = sorted(self.samples())
         n = len(ordered)
 
         def pick(q: float) -> float:

@@ -79,26 +79,29 @@ class CaptureRegistry:
         self._patch()
 
     def _patch(self) -> None:
-        graph_cls = self.cuda.CUDAGraph
-        if getattr(graph_cls.replay, "_fxflops", False):
-            return
+        from fxflops.patching import patch_method
+
         registry = self
-        begin, replay = graph_cls.capture_begin, graph_cls.replay
 
-        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            registry.current.graph = graph
-            return begin(graph, *args, **kwargs)
+        def wrap_begin(begin: Any) -> Any:
+            def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+                registry.current.graph = graph
+                return begin(graph, *args, **kwargs)
 
-        def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            registry.read(graph)
-            out = replay(graph, *args, **kwargs)
-            if graph in registry.by_graph:
-                registry.replayed[graph] = True
-            return out
+            return capture_begin
 
-        patched_replay._fxflops = True  # type: ignore[attr-defined]
-        graph_cls.capture_begin = capture_begin
-        graph_cls.replay = patched_replay
+        def wrap_replay(replay: Any) -> Any:
+            def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
+                registry.read(graph)
+                out = replay(graph, *args, **kwargs)
+                if graph in registry.by_graph:
+                    registry.replayed[graph] = True
+                return out
+
+            return patched_replay
+
+        patch_method(self.cuda.CUDAGraph, "capture_begin", "capture", wrap_begin)
+        patch_method(self.cuda.CUDAGraph, "replay", "capture", wrap_replay)
 
     def time_captured(self, fn: Callable[..., Any], args: Sequence[Any], row: Any) -> Any:
         start = self.cuda.Event(enable_timing=True, external=True)

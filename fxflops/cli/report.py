@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, write_atomic
+from fxflops.report import ReportError, atomic_text, flat_rows, load_reports, merge_rows
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -111,8 +111,6 @@ def _write(dest: str, text: str) -> None:
     if dest == "-":
         sys.stdout.write(text + "\n")
     else:
-        from fxflops.report import atomic_text
-
         atomic_text(text, dest)
 
 
@@ -126,5 +124,3 @@ def _write_csv(dest: str, rows: list[dict[str, Any]]) -> None:
         w.writerow(r)
     _write(dest, buf.getvalue().rstrip("\n"))
 
-
-__all__ = ["run", "report_rows", "write_atomic"]

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from fxflops.analysis import warn_once
+from fxflops.patching import patch_method
 from fxflops.recording import recorder
 
 log = logging.getLogger("fxflops")
@@ -61,16 +62,17 @@ def current_pairs() -> int | None:
 
 
 def install_attention_coster() -> None:
-    recorder().runtime_costers["attention"] = current_pairs
+    recorder().coster("attention").pairs = current_pairs
 
 
 def install_forward_timing() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner._model_forward
-    if getattr(original, "_fxflops", False):
-        return
+    patch_method(GPUModelRunner, "_model_forward", "forward", _timed_forward)
+    _note_rank()
 
+
+def _timed_forward(original: Any) -> Any:
     def _model_forward(self: Any, input_ids: Any = None, positions: Any = None, *args: Any,
                        **kwargs: Any) -> Any:
         try:
@@ -92,20 +94,19 @@ def install_forward_timing() -> None:
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
             return original(self, input_ids, positions, *args, **kwargs)
-        timer = _forward_timer(self)
-        if timer is not None:
-            return timer.time_call(lambda *a: original(self, *a, **kwargs),
-                                   (input_ids, positions, *args), row)
-        t0 = time.perf_counter_ns()
         try:
-            return original(self, input_ids, positions, *args, **kwargs)
-        finally:
+            timer = _forward_timer(self)
+            if timer is not None:
+                return timer.time_call(lambda *a: original(self, *a, **kwargs),
+                                       (input_ids, positions, *args), row)
+            t0 = time.perf_counter_ns()
+            out = original(self, input_ids, positions, *args, **kwargs)
             row.add(time.perf_counter_ns() - t0)
+            return out
+        finally:
             _state.pairs = None
 
-    _model_forward._fxflops = True  # type: ignore[attr-defined]
-    GPUModelRunner._model_forward = _model_forward
-    _note_rank()
+    return _model_forward
 
 
 def _forward_timer(runner: Any) -> Any:
@@ -140,69 +141,61 @@ def _note_rank() -> None:
 def install_flush_at_shutdown() -> None:
     from vllm.v1.executor import multiproc_executor
 
-    proc = multiproc_executor.WorkerProc
-    original = proc.shutdown
-    if getattr(original, "_fxflops", False):
-        return
+    def wrap(original: Any) -> Any:
+        def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+            recorder().flush()
+            return original(self, *args, **kwargs)
 
-    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder().flush()
-        return original(self, *args, **kwargs)
+        return shutdown
 
-    shutdown._fxflops = True  # type: ignore[attr-defined]
-    proc.shutdown = shutdown
+    patch_method(multiproc_executor.WorkerProc, "shutdown", "flush", wrap)
 
 
 def install_mode2_backend() -> None:
     """FXFLOPS=1 with mode 2 and a non-fxflops backend: wrap the backend vLLM resolves."""
     from vllm.config import compilation
 
-    cls = compilation.CompilationConfig
-    original = cls.init_backend
-    if getattr(original, "_fxflops_wrap", False):
-        return
+    modes = (compilation.CompilationMode.STOCK_TORCH_COMPILE,
+             compilation.CompilationMode.DYNAMO_TRACE_ONCE)
 
-    def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
-        backend = original(self, *args, **kwargs)
-        _note_rank()
-        if self.mode in (compilation.CompilationMode.STOCK_TORCH_COMPILE,
-                         compilation.CompilationMode.DYNAMO_TRACE_ONCE) and \
-                self.backend != "fxflops":
-            import fxflops
+    def wrap(original: Any) -> Any:
+        def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
+            backend = original(self, *args, **kwargs)
+            _note_rank()
+            if self.mode in modes and self.backend != "fxflops":
+                import fxflops
 
-            return fxflops.backend(inner=backend, name="model{index}")
-        return backend
+                return fxflops.backend(inner=backend, name="model{index}")
+            return backend
 
-    init_backend._fxflops_wrap = True  # type: ignore[attr-defined]
-    cls.init_backend = init_backend
+        return init_backend
+
+    patch_method(compilation.CompilationConfig, "init_backend", "mode2", wrap)
 
 
 def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles or loads from its cache is instrumented."""
     from vllm.compilation import backends
 
-    manager = backends.CompilerManager
-    original = manager.compile
-    if getattr(original, "_fxflops", False):
-        return
+    def wrap(original: Any) -> Any:
+        def compile(self: Any, graph: Any, example_inputs: Any, additional_inductor_config: Any,
+                    compilation_config: Any, compile_range: Any, graph_index: int = 0,
+                    num_graphs: int = 1, is_encoder: bool = False) -> Any:
+            compiled = original(self, graph, example_inputs, additional_inductor_config,
+                                compilation_config, compile_range, graph_index, num_graphs,
+                                is_encoder)
+            try:
+                _note_rank()
+                return instrument_piece(graph, compiled, compile_range, graph_index,
+                                        num_graphs, example_inputs)
+            except Exception as e:
+                warn_once("vllm-piece", "fxflops: piecewise graph not instrumented (%s: %s)",
+                          type(e).__name__, e)
+                return compiled
 
-    def compile(self: Any, graph: Any, example_inputs: Any, additional_inductor_config: Any,
-                compilation_config: Any, compile_range: Any, graph_index: int = 0,
-                num_graphs: int = 1, is_encoder: bool = False) -> Any:
-        compiled = original(self, graph, example_inputs, additional_inductor_config,
-                            compilation_config, compile_range, graph_index, num_graphs,
-                            is_encoder)
-        try:
-            _note_rank()
-            return instrument_piece(graph, compiled, compile_range, graph_index, num_graphs,
-                                    example_inputs)
-        except Exception as e:
-            warn_once("vllm-piece", "fxflops: piecewise graph not instrumented (%s: %s)",
-                      type(e).__name__, e)
-            return compiled
+        return compile
 
-    compile._fxflops = True  # type: ignore[attr-defined]
-    manager.compile = compile
+    patch_method(backends.CompilerManager, "compile", "piecewise", wrap)
 
 
 def instrument_piece(graph: Any, compiled: Any, compile_range: Any, graph_index: int,

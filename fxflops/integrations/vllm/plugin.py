@@ -60,27 +60,31 @@ def _install_backend_name_shim() -> None:
         return
     from vllm.config import compilation
 
+    from fxflops.patching import patch_method
+
+    def wrap_post_init(original: Any) -> Any:
+        def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if self.backend == "fxflops" and \
+                    self.mode == compilation.CompilationMode.VLLM_COMPILE:
+                os.environ["FXFLOPS"] = "1"
+                self.backend = "inductor"
+                log.info("fxflops: mode 3 with backend 'fxflops' runs vLLM's Inductor "
+                         "backend, instrumented (FXFLOPS=1)")
+                install()
+            original(self, *args, **kwargs)
+
+        return __post_init__
+
+    def wrap_init_backend(original: Any) -> Any:
+        def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # the native mode-2 path: the worker is about to compile with backend="fxflops"
+            if self.backend == "fxflops":
+                install()
+            return original(self, *args, **kwargs)
+
+        return init_backend
+
     cls = compilation.CompilationConfig
-    original = cls.__post_init__
-
-    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if self.backend == "fxflops" and self.mode == compilation.CompilationMode.VLLM_COMPILE:
-            os.environ["FXFLOPS"] = "1"
-            self.backend = "inductor"
-            log.info("fxflops: mode 3 with backend 'fxflops' runs vLLM's Inductor backend, "
-                     "instrumented (FXFLOPS=1)")
-            install()
-        original(self, *args, **kwargs)
-
-    cls.__post_init__ = __post_init__
-
-    original_init_backend = cls.init_backend
-
-    def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # the native mode-2 path: the worker is about to compile with backend="fxflops"
-        if self.backend == "fxflops":
-            install()
-        return original_init_backend(self, *args, **kwargs)
-
-    cls.init_backend = init_backend
+    patch_method(cls, "__post_init__", "name-shim", wrap_post_init)
+    patch_method(cls, "init_backend", "name-shim", wrap_init_backend)
     _installed.add("shim")
