@@ -120,6 +120,13 @@ class InstrumentedGraph(SerializableCallable):
                   type(error).__name__, error)
         return self.inner(*args)
 
+    def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
+        (Inductor's bundled callable has none: there is nothing to finish then)."""
+        finish = getattr(self.inner, "finalize_loading", None)
+        if finish is not None:
+            finish(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         # Inductor's and AOTAutograd's callables carry attributes callers may read
         # ``serialize`` must not leak through: torch would then bundle the inner artifact
