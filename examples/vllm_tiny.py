@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--arch", default="llama")
     p.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT (reuse for a warm start)")
+    p.add_argument("--dump", default=None, help="vLLM's debug_dump_path (depyf + fxflops dumps)")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--tokens", type=int, default=8)
     args = p.parse_args()
@@ -53,7 +54,8 @@ def main() -> None:
     model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
-              compilation_config={"mode": args.mode, "backend": args.backend},
+              compilation_config={"mode": args.mode, "backend": args.backend,
+                                  **({"debug_dump_path": args.dump} if args.dump else {})},
               max_num_seqs=8, seed=0)
     prompts = [{"prompt_token_ids": list(range(10 + 7 * i, 10 + 7 * i + 12 + 5 * i))}
                for i in range(args.prompts)]

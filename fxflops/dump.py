@@ -1,7 +1,8 @@
 """Annotated graph dumps: the graph as readable Python, each node's cost as a comment.
 
 Written under ``$FXFLOPS_OUT/graphs/`` (one file per graph, and one per size once sizes
-are seen), next to depyf's dump when vLLM's ``debug_dump_path`` is set, and emitted through
+are seen), under ``$FXFLOPS_DUMP_DIR`` (the vLLM integration sets it to
+``<debug_dump_path>/rank_i_j/fxflops`` beside depyf's dump), and emitted through
 ``torch._logging.trace_structured`` so that ``tlparse`` shows it.
 """
 
@@ -123,7 +124,8 @@ def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
     lines = readable_source(gm)
     record.listing = lines
     text = annotate(lines, record.cost, record.name)
-    dirs = [d for d in (_out_dir(), record.meta.get("dump_dir")) if d]
+    # FXFLOPS_DUMP_DIR: set by the vLLM integration to sit beside depyf's dump
+    dirs = [d for d in (_out_dir(), os.environ.get("FXFLOPS_DUMP_DIR")) if d]
     for d in dirs:
         atomic_text(text, os.path.join(d, f"{_safe(record.name)}.py"))
     try:

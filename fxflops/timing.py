@@ -34,12 +34,14 @@ class CudaEventTimer:
         self.pending: deque[tuple[Any, Any, Any]] = deque()
         self.pool: list[tuple[Any, Any]] = []
         self.dropped = 0
+        # patched now, before any capture begins, so captures know their graph
+        self.capture = capture_registry(self.cuda)
 
     # --- eager calls ------------------------------------------------------------------
 
     def time_call(self, fn: Callable[..., Any], args: Sequence[Any], row: Any) -> Any:
         if self.cuda.is_current_stream_capturing():
-            return capture_registry(self.cuda).time_captured(fn, args, row)
+            return self.capture.time_captured(fn, args, row)
         self.harvest()
         start, end = self.pool.pop() if self.pool else self._new_pair()
         start.record()
@@ -76,22 +78,25 @@ class CaptureRegistry:
         self.replayed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.current = threading.local()
         self.missed = 0
+        _REGISTRIES[cuda.CUDAGraph] = self  # the newest registry of a class is its current one
         self._patch()
 
     def _patch(self) -> None:
+        """Wrap the graph class once; the wrappers find the class's current registry."""
         from fxflops.patching import patch_method
 
-        registry = self
+        graph_cls = self.cuda.CUDAGraph
 
         def wrap_begin(begin: Any) -> Any:
             def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
-                registry.current.graph = graph
+                _REGISTRIES[graph_cls].current.graph = graph
                 return begin(graph, *args, **kwargs)
 
             return capture_begin
 
         def wrap_replay(replay: Any) -> Any:
             def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
+                registry = _REGISTRIES[graph_cls]
                 registry.read(graph)
                 out = replay(graph, *args, **kwargs)
                 if graph in registry.by_graph:
@@ -100,8 +105,8 @@ class CaptureRegistry:
 
             return patched_replay
 
-        patch_method(self.cuda.CUDAGraph, "capture_begin", "capture", wrap_begin)
-        patch_method(self.cuda.CUDAGraph, "replay", "capture", wrap_replay)
+        patch_method(graph_cls, "capture_begin", "capture", wrap_begin)
+        patch_method(graph_cls, "replay", "capture", wrap_replay)
 
     def time_captured(self, fn: Callable[..., Any], args: Sequence[Any], row: Any) -> Any:
         start = self.cuda.Event(enable_timing=True, external=True)
@@ -131,11 +136,13 @@ class CaptureRegistry:
             self.read(graph)
 
 
-_REGISTRY: CaptureRegistry | None = None
+# by CUDA-graph class: torch.cuda.CUDAGraph (tests use a fake one)
+_REGISTRIES: dict[Any, CaptureRegistry] = {}
 
 
 def capture_registry(cuda: Any = None) -> CaptureRegistry:
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = CaptureRegistry(cuda or _torch_cuda())
-    return _REGISTRY
+    cuda = cuda or _torch_cuda()
+    registry = _REGISTRIES.get(cuda.CUDAGraph)
+    if registry is None:
+        registry = CaptureRegistry(cuda)  # registers itself
+    return registry

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from math import prod
 from typing import Any
 
 from fxflops.report import ReportError, flat_rows, load_reports, merge_rows
@@ -16,6 +17,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def tokens(row: dict[str, Any]) -> int | None:
+    """The x of a row: its size, or the product of a ``BxS`` size (tokens of a batch)."""
+    size = row["size"]
+    if isinstance(size, int):
+        return size
+    parts = str(size).split("x")
+    return prod(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
 def run(args: argparse.Namespace) -> int:
     import matplotlib
 
@@ -23,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
     reports = load_reports(args.paths)
-    rows = [r for r in merge_rows(flat_rows(reports)) if isinstance(r["size"], int)]
+    rows = [r for r in merge_rows(flat_rows(reports)) if tokens(r) is not None]
     if not rows:
         raise ReportError("no rows with a numeric size to plot")
     peak = reports[0].get("peak") or {}
@@ -32,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
         series[r["graph"]].append(r)
     fig, (ax_tp, ax_t, ax_roof) = plt.subplots(1, 3, figsize=(16, 4.8))
     for name, rs in sorted(series.items()):
-        rs.sort(key=lambda r: r["size"])
-        sizes = [r["size"] for r in rs]
+        rs.sort(key=tokens)
+        sizes = [tokens(r) for r in rs]
         ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=name)
         if name != "<forward>":
             ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o", label=name)
@@ -41,21 +51,24 @@ def run(args: argparse.Namespace) -> int:
                    if r["bytes_io"] and r.get("tflops")]
             if pts:
                 ax_roof.scatter(*zip(*pts), label=name)
-                for (x, y), s in zip(pts, sizes):
-                    ax_roof.annotate(str(s), (x, y), fontsize=7)
+                for (x, y), r in zip(pts, rs):
+                    ax_roof.annotate(str(r["size"]), (x, y), fontsize=7)
     if peak.get("tflops") and peak.get("gbps"):
         import numpy as np
 
         xs = np.logspace(-2, 4, 200)
         ax_roof.plot(xs, np.minimum(peak["tflops"] * 1e3, xs * peak["gbps"]), "k--",
                      label=f"roofline ({peak['source']})")
+    roof_title = "roofline" if peak.get("tflops") and peak.get("gbps") else \
+        "roofline (no peak known: set FXFLOPS_PEAK_TFLOPS/GBPS)"
     for ax, title, ylabel in ((ax_tp, "achieved GFLOP/s", "GFLOP/s"),
                               (ax_t, "median time per call", "ms"),
-                              (ax_roof, "roofline", "GFLOP/s")):
+                              (ax_roof, roof_title, "GFLOP/s")):
         ax.set_title(title)
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2) if ax is not ax_roof else ax.set_xscale("log")
-        ax.set_xlabel("size (tokens / batch)" if ax is not ax_roof else "FLOP per byte (I/O)")
+        ax.set_xlabel("size (elements of the size key: tokens, or batch x seq)"
+                      if ax is not ax_roof else "FLOP per byte (I/O)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     ax_roof.set_yscale("log")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -151,6 +152,18 @@ def install_flush_at_shutdown() -> None:
     patch_method(multiproc_executor.WorkerProc, "shutdown", "flush", wrap)
 
 
+def note_vllm_config(vllm_config: Any) -> None:
+    """What fxflops takes from vLLM's config: the rank, and where depyf dumps graphs
+    (``debug_dump_path``), so the annotated dumps land beside vLLM's own."""
+    _note_rank()
+    try:
+        path = vllm_config.compile_debug_dump_path()
+    except Exception:
+        path = None
+    if path:
+        os.environ["FXFLOPS_DUMP_DIR"] = os.path.join(str(path), "fxflops")
+
+
 def install_mode2_backend() -> None:
     """FXFLOPS=1 with mode 2 and a non-fxflops backend: wrap the backend vLLM resolves."""
     from vllm.config import compilation
@@ -159,9 +172,9 @@ def install_mode2_backend() -> None:
              compilation.CompilationMode.DYNAMO_TRACE_ONCE)
 
     def wrap(original: Any) -> Any:
-        def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
-            backend = original(self, *args, **kwargs)
-            _note_rank()
+        def init_backend(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+            backend = original(self, vllm_config, *args, **kwargs)
+            note_vllm_config(vllm_config)
             if self.mode in modes and self.backend != "fxflops":
                 import fxflops
 

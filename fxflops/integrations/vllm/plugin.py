@@ -76,11 +76,14 @@ def _install_backend_name_shim() -> None:
         return __post_init__
 
     def wrap_init_backend(original: Any) -> Any:
-        def init_backend(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def init_backend(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
             # the native mode-2 path: the worker is about to compile with backend="fxflops"
             if self.backend == "fxflops":
                 install()
-            return original(self, *args, **kwargs)
+                from fxflops.integrations.vllm.hooks import note_vllm_config
+
+                note_vllm_config(vllm_config)
+            return original(self, vllm_config, *args, **kwargs)
 
         return init_backend
 
