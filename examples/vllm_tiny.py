@@ -19,7 +19,7 @@ def tiny_llama(path: str, arch: str = "llama") -> str:
     cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
         "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512,
+        "num_key_value_heads": 2, "vocab_size": 10240, "max_position_embeddings": 512,
         "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "hidden_act": "silu",
         "tie_word_embeddings": False,
     }

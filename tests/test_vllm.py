@@ -150,3 +150,22 @@ def test_second_architecture_qwen2(tmp_path):
     for size, r in rows.items():
         assert r["matmul_flops"] - r["runtime_flops"] == size * per_token
     assert report["graphs"][0]["uncounted"] == {}
+
+
+def test_vllm_bench_latency_cli_flow(tmp_path):
+    """`vllm bench latency -cc '{"mode": 2, "backend": "fxflops"}'`, then `fxflops report`:
+    examples/vllm_latency.sh, as a user runs it."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT,
+                          env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Avg latency" in proc.stdout + proc.stderr
+    assert "<forward>" in proc.stdout  # the report table
+    (report,) = load_reports([out])
+    rows = rows_by_size(report)
+    # 2 prompts of 16 tokens: prefill steps of 16 or more tokens, then 2-token decode steps
+    assert any(16 <= size < 4096 for size in rows)
+    for size, r in rows.items():
+        assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
+    assert rows[2]["calls"] >= 3 and rows[2]["runtime_flops"] > 0
