@@ -169,3 +169,21 @@ def test_vllm_bench_latency_cli_flow(tmp_path):
     for size, r in rows.items():
         assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
     assert rows[2]["calls"] >= 3 and rows[2]["runtime_flops"] > 0
+
+
+def test_mode3_backend_name_on_cpu_runs_instrumented(tmp_path):
+    """`vllm bench latency -cc '{"mode": 3, "backend": "fxflops"}'`: the CLI loads general
+    plugins before it parses -cc, so the name shim accepts it and switches FXFLOPS=1 on; vLLM
+    on CPU then turns mode 3 into mode 2 with Inductor, which is instrumented."""
+    env = {k: v for k, v in os.environ.items() if k != "FXFLOPS"}
+    env["VLLM_CACHE_ROOT"] = str(tmp_path / "cache")
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(tmp_path / "out"),
+                           '{"mode": 3, "backend": "fxflops"}'],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (report,) = load_reports([tmp_path / "out"])
+    (graph,) = report["graphs"]
+    assert graph["name"].startswith("model") and graph["meta"]["inner"] != "fxflops"
+    for size, r in rows_by_size(report).items():
+        assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
+    assert report["forward"]
