@@ -84,6 +84,7 @@ class Recorder:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
         self._exit_hooked = False
         self.runtime_costers: dict[str, RuntimeCoster] = {}
 
@@ -180,8 +181,7 @@ class Recorder:
         def loop() -> None:
             period = min(x for x in (flush_s, log_s) if x > 0)
             last_flush = last_log = time.monotonic()
-            while True:
-                time.sleep(period)
+            while not self._stopped.wait(period):
                 now = time.monotonic()
                 if flush_s > 0 and now - last_flush >= flush_s:
                     self.flush()
@@ -192,6 +192,11 @@ class Recorder:
 
         self._thread = threading.Thread(target=loop, name="fxflops-flush", daemon=True)
         self._thread.start()
+
+
+    def stop(self) -> None:
+        """End the background thread (the report is not written again by it)."""
+        self._stopped.set()
 
 
 _RECORDER: Recorder | None = None

@@ -79,10 +79,18 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     return fig
 
 
+def size_order(size: Any) -> tuple[Any, ...]:
+    """Numbers in order, then ``BxS`` sizes by their numbers, then other labels."""
+    if isinstance(size, int):
+        return (0, (size,))
+    parts = str(size).split("x")
+    if all(p.isdigit() for p in parts):
+        return (1, tuple(int(p) for p in parts))
+    return (2, (str(size),))
+
+
 def sorted_rows(rows: Any) -> list[SizeStats]:
-    """Numeric sizes in order, then labelled ones ("4x16", "static")."""
-    return sorted(rows, key=lambda r: (not isinstance(r.size, int), str(r.size)
-                                       if not isinstance(r.size, int) else r.size))
+    return sorted(rows, key=lambda r: size_order(r.size))
 
 
 def graph_rows(g: Any, peak: dict[str, Any]) -> list[dict[str, Any]]:
@@ -185,7 +193,21 @@ def load_reports(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]
             reports.append(load_report(p))
     if not reports:
         raise ReportError("no reports given")
-    return reports
+    return _latest_per_process(reports)
+
+
+def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One report per process: a copy saved elsewhere by the same process is not a rank."""
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for rep in reports:
+        p = rep["process"]
+        key = (p.get("host"), p.get("pid"), p.get("rank"))
+        if p.get("pid") is None:
+            key = (rep["_path"],)
+        old = latest.get(key)
+        if old is None or os.path.getmtime(rep["_path"]) >= os.path.getmtime(old["_path"]):
+            latest[key] = rep
+    return list(latest.values())
 
 
 def rank_of(report: dict[str, Any]) -> int | None:

@@ -15,6 +15,8 @@ def fresh_state():
     fxflops.analysis._warned.clear()
     yield
     torch._dynamo.reset()
+    if fxflops.recording._RECORDER is not None:
+        fxflops.recording._RECORDER.stop()
     fxflops.recording._RECORDER = None
 
 

@@ -189,3 +189,28 @@ def test_import_is_light():
             "print(sorted(m for m in ('vllm', 'matplotlib', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_periodic_log_line_and_flush(tmp_path, monkeypatch, caplog):
+    """FXFLOPS_LOG_INTERVAL: a log line like vLLM's batch-size one, FLOPs and rate added;
+    FXFLOPS_FLUSH_S: the report is rewritten while the process runs."""
+    import logging
+    import time
+
+    caplog.set_level(logging.INFO, logger="fxflops")
+    monkeypatch.setenv("FXFLOPS_LOG_INTERVAL", "0.1")
+    monkeypatch.setenv("FXFLOPS_FLUSH_S", "0.1")
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
+    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    for b in (2, 3, 2):
+        compiled(torch.randn(b, 8))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (
+            list(tmp_path.glob("fxflops-*.json")) and
+            any("fxflops stats" in r.getMessage() for r in caplog.records)):
+        time.sleep(0.05)
+    line = next(r.getMessage() for r in caplog.records if "fxflops stats" in r.getMessage())
+    assert "(graph0, 2, 2, " in line and "(graph0, 3, 1, " in line
+    (path,) = tmp_path.glob("fxflops-*.json")
+    assert fxflops.load_report(path)["graphs"][0]["rows"]

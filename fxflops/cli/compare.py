@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, size_order
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def compare_rows(base: dict, new: dict) -> list[dict[str, Any]]:
 
 def _order(key: tuple[str, str]) -> tuple[Any, ...]:
     g, s = key
-    return (g != "<forward>", g, int(s) if s.isdigit() else 1 << 62, s)
+    return (g != "<forward>", g, size_order(int(s) if s.isdigit() else s))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                       fmt_num(row["intensity"] or 0), check)
     console.print(table)
 
-    first = max(rec.graphs, key=lambda g: len(g.rows))
+    # the graph with the most size symbols (prefill: batch and sequence) shows the most
+    first = max(rec.graphs, key=lambda g: (len(g.cost.symbols), len(g.rows)))
     mods = Table(title=f"top modules by FLOPs ({first.name}, symbolic)")
     mods.add_column("module")
     mods.add_column("FLOPs")
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     for name, r in list(first.cost.by_module(depth=3).items())[:8]:
         mods.add_row(name, str(r.flops), str(r.matmul_flops))
     console.print(mods)
-    path = rec.save(os.path.join(args.out, "demo.json"))
+    rec.flush()  # the per-size graph dumps (and the process's report under FXFLOPS_OUT)
+    path = rec.save(os.path.join(args.out, "demo.json"))  # the same report, by a fixed name
     console.print(f"FlopCounterMode column: torch's count of the same model run eagerly, plus "
                   f"the CPU SDPA FLOPs its registry misses. {'All match.' if ok else 'MISMATCH'}")
     console.print(f"report: {path}  graphs: {os.path.join(args.out, 'graphs')}/  "

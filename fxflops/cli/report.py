@@ -12,7 +12,14 @@ from typing import Any
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.report import ReportError, atomic_text, flat_rows, load_reports, merge_rows
+from fxflops.report import (
+    ReportError,
+    atomic_text,
+    flat_rows,
+    load_reports,
+    merge_rows,
+    size_order,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -102,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:
-    size = r["size"]
-    return (str(r["rank"]), r["graph"] == "<forward>", r["graph"],
-            size if isinstance(size, int) else 1 << 62, str(size))
+    return (str(r["rank"]), r["graph"] == "<forward>", r["graph"], size_order(r["size"]))
 
 
 def _write(dest: str, text: str) -> None:
