@@ -262,6 +262,10 @@ class CostAnalysis:
         cost.flops = total([to_count(f) for f in tally.flops])
         cost.matmul_flops = total([to_count(f) for f in tally.matmul_flops])
         cost.bytes = to_count(node_bytes)
+        if tally.matmul_flops:
+            first = next((t for t in tree_flatten((args, kwargs))[0]
+                          if isinstance(t, torch.Tensor)), None)
+            cost.dtype = str(first.dtype) if first is not None else None
         cost.uncounted = tuple(tally.uncounted)
         if tally.runtime:
             cost.runtime, cost.runtime_coeff = tally.runtime, to_count(tally.runtime_coeff)

@@ -181,15 +181,6 @@ def _uses_cuda(example_inputs: Sequence[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
-def _dtype_of(example_inputs: Sequence[Any]) -> str | None:
-    from fxflops.peaks import DTYPE_NAMES
-
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return DTYPE_NAMES.get(str(x.dtype))
-    return None
-
-
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
     if callable(inner):
         return inner
@@ -229,7 +220,7 @@ class FxflopsBackend:
             index = len(rec.graphs)
             name = self.name.format(index=index) if self.name else f"graph{index}"
             record = rec.register(name, cost, binder, size, {"inner": _inner_name(self.inner)})
-            self._describe_process(example_inputs)
+            self._describe_process(example_inputs, cost)
             self._dump(gm, record)
             timer = _make_timer() if _uses_cuda(example_inputs) else None
             return InstrumentedGraph(compiled, record, timer)
@@ -239,11 +230,14 @@ class FxflopsBackend:
             return compiled
 
     @staticmethod
-    def _describe_process(example_inputs: Sequence[Any]) -> None:
+    def _describe_process(example_inputs: Sequence[Any], cost: Any) -> None:
+        from fxflops.peaks import DTYPE_NAMES
+
         info = recorder().info
         if "device" not in info:
             info["device"] = _device_name(example_inputs)
-        dtype = _dtype_of(example_inputs)
+        # MFU's peak is the one of the dtype the matmuls ran in
+        dtype = DTYPE_NAMES.get(cost.matmul_dtype or "")
         if dtype and "dtype" not in info:
             info["dtype"] = dtype
 

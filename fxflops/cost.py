@@ -66,6 +66,8 @@ class NodeCost:
     runtime_coeff: Count = 0
     # free text: why the node could not be analysed, if it could not
     error: str | None = None
+    # dtype of the first tensor input of a matmul node ("torch.bfloat16"): MFU's peak
+    dtype: str | None = None
 
     @property
     def vector_flops(self) -> Count:
@@ -114,6 +116,15 @@ class GraphCost:
     @property
     def vector_flops(self) -> Count:
         return total([self.flops, -1 * self.matmul_flops])
+
+    @property
+    def matmul_dtype(self) -> str | None:
+        """The dtype most matmul FLOPs ran in (the peak MFU is measured against)."""
+        by_dtype: dict[str, float] = {}
+        for n in self.nodes:
+            if n.dtype and n.matmul_flops != 0:
+                by_dtype[n.dtype] = by_dtype.get(n.dtype, 0) + _sort_key(n.matmul_flops)
+        return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
 
     @property
     def is_dynamic(self) -> bool:

@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inner", default="inductor", help="inner backend (inductor, eager)")
     p.add_argument("--iters", type=int, default=20, help="calls per size")
     p.add_argument("--out", default="fxflops-out", help="folder for the report and graph dumps")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
     p.set_defaults(func=run)
 
 

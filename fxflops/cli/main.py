@@ -1,6 +1,6 @@
-"""``fxflops demo | report | compare | tune | plot | peak``.
+"""fxflops: FLOPs, time per size and MFU of the graphs torch.compile and vLLM run.
 
-Bad input gets one line on stderr and exit code 2, never a traceback.
+Commands: demo, report, compare, tune, plot, peak. Bad input gets one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
