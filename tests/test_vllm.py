@@ -187,3 +187,58 @@ def test_mode3_backend_name_on_cpu_runs_instrumented(tmp_path):
     for size, r in rows_by_size(report).items():
         assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
     assert report["forward"]
+
+
+def vllm_perf_model(arch: str):
+    """vLLM's own analytic FLOP model (vllm/v1/metrics/perf.py) for the tiny config."""
+    import tempfile
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.metrics.perf import ModelMetrics
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import vllm_tiny
+
+    path = vllm_tiny.tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{arch}"), arch)
+    cfg = EngineArgs(model=path, load_format="dummy", skip_tokenizer_init=True,
+                     dtype="bfloat16", max_model_len=512).create_engine_config()
+    return ModelMetrics(cfg)
+
+
+def test_flops_agree_with_vllm_perf_model(cold, tmp_path):
+    """Per size, the graph's matmul FLOPs (attention aside) against vLLM's perf.py count of
+    the same layers (projections + MLP; the LM head runs outside the graph): within 1%.
+    Attention at decode: perf.py's q·d·Σcontext per layer equals our causal pairs count."""
+    from vllm.v1.metrics.perf import ExecutionContext
+
+    from fxflops.integrations.vllm.hooks import causal_pairs
+
+    (report,) = load_reports([cold[0]])
+    perf = vllm_perf_model("llama")
+    for size, r in rows_by_size(report).items():
+        ctx = ExecutionContext()
+        ctx.add(size, size, is_prefill=True)
+        parts = perf.get_num_flops_breakdown(ctx)
+        dense = parts["attn.qkv_proj"] + parts["attn.out_proj"] + parts["ffn.dense_ffn"]
+        ours = r["matmul_flops"] - r["runtime_flops"]
+        assert abs(ours - dense) <= 0.01 * dense, (size, ours, dense)
+    # decode: two requests with 12 and 17 cached tokens, one new token each
+    ctx = ExecutionContext()
+    ctx.add(1, 13, is_prefill=False)
+    ctx.add(1, 18, is_prefill=False)
+    parts = perf.get_num_flops_breakdown(ctx)
+    coeff = LAYERS * 4 * HEADS * HEAD_DIM
+    assert coeff * causal_pairs([1, 1], [12, 17]) == parts["attn.attn_qk"] + parts["attn.attn_av"]
+
+
+def test_qwen2_dense_flops_agree_with_vllm_perf_model():
+    from vllm.v1.metrics.perf import ExecutionContext
+
+    perf = vllm_perf_model("qwen2")
+    for size in (1, 7, 64):
+        ctx = ExecutionContext()
+        ctx.add(size, size, is_prefill=True)
+        parts = perf.get_num_flops_breakdown(ctx)
+        dense = parts["attn.qkv_proj"] + parts["attn.out_proj"] + parts["ffn.dense_ffn"]
+        ours = size * dense_matmul_per_token(inter=768, kv_heads=1)  # as the Qwen2 run's rows
+        assert abs(ours - dense) <= 0.01 * dense, (size, ours, dense)
