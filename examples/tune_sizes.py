@@ -15,13 +15,12 @@ import os
 import torch
 
 import fxflops
-import fxflops.recording
 from fxflops.demo_model import DemoConfig, DemoDecoder
 
 
 def run(model, sizes, dynamic: bool, inner: str, iters: int, out: str) -> str:
     torch._dynamo.reset()
-    fxflops.recording._RECORDER = None
+    fxflops.reset_recorder()
     with torch._dynamo.config.patch(automatic_dynamic_shapes=dynamic,
                                     recompile_limit=64, cache_size_limit=64):
         compiled = torch.compile(model, backend=fxflops.backend(inner=inner), dynamic=dynamic)

@@ -15,25 +15,28 @@ _LAZY = {
     "GraphCost": "fxflops.cost",
     "NodeCost": "fxflops.cost",
     "CostAt": "fxflops.cost",
-    "register_formula": "fxflops.formulas",
-    "register_zero_flop": "fxflops.formulas",
-    "register_bytes": "fxflops.formulas",
+    # through analysis, which loads the built-in formulas first: a user's registration
+    # then always replaces a built-in one, never the other way round
+    "register_formula": "fxflops.analysis",
+    "register_zero_flop": "fxflops.analysis",
+    "register_bytes": "fxflops.analysis",
     "backend": "fxflops.backends",
     "recorder": "fxflops.recording",
+    "reset_recorder": "fxflops.recording",
     "load_report": "fxflops.report",
 }
 
 __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
     "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "recorder",
-    "register_bytes", "register_formula", "register_zero_flop",
+    "register_bytes", "register_formula", "register_zero_flop", "reset_recorder",
 ]
 
 if TYPE_CHECKING:
     from fxflops.analysis import analyze
     from fxflops.backends import backend
     from fxflops.cost import CostAt, GraphCost, NodeCost
-    from fxflops.formulas import register_bytes, register_formula, register_zero_flop
-    from fxflops.recording import recorder
+    from fxflops.recording import recorder, reset_recorder
+    from fxflops.registry import register_bytes, register_formula, register_zero_flop
     from fxflops.report import load_report
 
 

@@ -12,7 +12,6 @@ never run.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -23,18 +22,12 @@ from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fxflops import formulas
+from fxflops import formulas, formulas_vllm, registry  # noqa: F401 (they register the built-ins)
+from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import GraphCost, NodeCost, clean_module_path, to_count, total
-
-log = logging.getLogger("fxflops")
-_warned: set[str] = set()
-
-
-def warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(msg, *args)
-
+from fxflops.registry import register_bytes, register_formula, register_zero_flop  # noqa: F401
+from fxflops.util import meta_value as _val
+from fxflops.util import warn_once
 
 # Metadata queries FlopCounterMode lets through uncounted; so do we.
 _METADATA_OPS = {
@@ -64,8 +57,8 @@ class _OpTally:
         self.runtime_coeff: Any = 0
 
     def add(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
-        name = formulas.op_name(func)
-        formula = formulas.FORMULAS.get(name)
+        name = registry.op_name(func)
+        formula = registry.FORMULAS.get(name)
         is_view = isinstance(func, torch._ops.OpOverload) and func.is_view
         if not is_view and name != "_operator.getitem":
             self.only_views = False
@@ -77,9 +70,9 @@ class _OpTally:
             self.flops.append(flops)
             if formula.kind == "matmul":
                 self.matmul_flops.append(flops)
-        elif formulas.is_zero_flop(func):
+        elif registry.is_zero_flop(func):
             return
-        elif formulas.is_pointwise(func):
+        elif registry.is_pointwise(func):
             first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), None)
             if first is not None:
                 self.flops.append(first.numel())
@@ -98,7 +91,7 @@ class _CountingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _METADATA_OPS:
             return func(*args, **kwargs)
-        if formulas.op_name(func) not in formulas.FORMULAS:
+        if registry.op_name(func) not in registry.FORMULAS:
             with self:
                 r = func.decompose(*args, **kwargs)
                 if r is not NotImplemented:
@@ -106,12 +99,6 @@ class _CountingMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.tally.add(func, args, kwargs, out)
         return out
-
-
-def _val(node: Any) -> Any:
-    if isinstance(node, torch.fx.Node):
-        return node.meta.get("val", node.meta.get("example_value"))
-    return node
 
 
 def _has_val(node: torch.fx.Node) -> bool:
@@ -199,10 +186,15 @@ class CostAnalysis:
         for c in (flops, matmul, io, node_bytes, *[n.runtime_coeff for n in nodes]):
             if not isinstance(c, int):
                 symbols |= c.free_symbols
+        ordered = tuple(sorted(symbols, key=self._appearance_order()))
+        try:
+            binder: SizeBinder | None = SizeBinder.from_graph(self.gm, ordered)
+        except UnboundSymbolError:
+            binder = None
         return GraphCost(
             flops=flops, matmul_flops=matmul, bytes_io=io, bytes_nodes=node_bytes,
-            symbols=tuple(sorted(symbols, key=self._appearance_order())), nodes=nodes, uncounted=dict(uncounted),
-            num_nodes=len(self.gm.graph.nodes),
+            symbols=ordered, nodes=nodes, uncounted=dict(uncounted),
+            num_nodes=len(self.gm.graph.nodes), binder=binder,
         )
 
     def _appearance_order(self) -> Any:
@@ -226,11 +218,11 @@ class CostAnalysis:
             target, args, kwargs = args[0], (), {k: v for k, v in kwargs.items()
                                                 if not k.startswith("_")}
             target = _unwrap_overload(target)
-        name = formulas.op_name(target) if node.op == "call_function" else (
+        name = registry.op_name(target) if node.op == "call_function" else (
             f"method.{target}" if node.op == "call_method" else
             type(self.gm.get_submodule(target)).__name__)
         cost = NodeCost(node.name, name, module=_module_of(node))
-        if name in formulas.ZERO_FLOP_OPS:  # known free, whatever its metadata says
+        if name in registry.ZERO_FLOP_OPS:  # known free, whatever its metadata says
             return cost
         returns_nothing = _is_direct_op(target) and not _unwrap_overload(target)._schema.returns
         if (not _has_val(node) and not returns_nothing) or any(
@@ -247,7 +239,7 @@ class CostAnalysis:
                 tally.add(overload, args, kwargs, _val(node))
             else:
                 self._fake_run(node, target, args, kwargs, tally)
-            explicit = formulas.BYTES_FORMULAS.get(name)
+            explicit = registry.BYTES_FORMULAS.get(name)
             if explicit is not None:
                 node_bytes = explicit(*args, **kwargs)
             elif tally.only_views:

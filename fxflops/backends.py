@@ -1,29 +1,109 @@
-"""The ``fxflops`` torch.compile backend: analyse, delegate, wrap.
+"""The ``fxflops`` torch.compile backend, and the one way any graph gets instrumented.
 
 ``torch.compile(m, backend="fxflops")`` (registered through the ``torch_dynamo_backends``
 entry point) analyses each graph Dynamo hands over, lets the inner backend (Inductor by
 default) compile it, and returns an :class:`InstrumentedGraph` that times every call per
-runtime size. A failure inside fxflops is logged once and the inner callable is used as is.
+runtime size. Every path that instruments a graph — this backend, vLLM's mode 2 and
+piecewise graphs (compiled or loaded from vLLM's cache), an AOT artifact loaded from disk —
+goes through :func:`plan` (analyse) and :func:`instrument` (register, describe the process,
+dump, choose the timer, wrap). A failure inside fxflops is logged once and the inner
+callable is used as is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from fxflops.analysis import analyze, warn_once
-from fxflops.binder import SizeBinder, static_size
+from fxflops.analysis import analyze
+from fxflops.binder import static_size
+from fxflops.cost import GraphCost
 from fxflops.recording import GraphRecord, recorder
+from fxflops.stats import SizeStats
+from fxflops.util import meta_value, warn_once
 
-log = logging.getLogger("fxflops")
+if TYPE_CHECKING:
+    from fxflops.timing import CudaEventTimer
+
+log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
+
+
+@dataclasses.dataclass
+class GraphPlan:
+    """What instrumenting a graph needs to know of it; picklable, so it travels with a
+    serialised artifact."""
+
+    cost: GraphCost
+    static_size: int | str
+    device: str  # "cuda" or "cpu": which clock times the calls
+
+
+def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphPlan:
+    """Analyse ``gm`` (shapes from its metadata, or propagated from ``example_inputs``)."""
+    cost = analyze(gm, example_inputs)
+    values = example_inputs if example_inputs is not None else [
+        meta_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    device = "cuda" if any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
+                           for x in values) else "cpu"
+    return GraphPlan(cost, static_size(gm), device)
+
+
+def instrument(compiled: Callable[..., Any], graph_plan: GraphPlan, name: str,
+               meta: dict[str, Any], gm: torch.fx.GraphModule | None = None) -> InstrumentedGraph:
+    """Register the graph, note the process's device and dtype (MFU's peak), dump the
+    annotated graph when ``gm`` is given, and wrap ``compiled`` with the right clock."""
+    record = recorder().register(name, graph_plan.cost, graph_plan.static_size, meta)
+    _describe_process(graph_plan)
+    if gm is not None:
+        _dump(gm, record)
+    return InstrumentedGraph(compiled, record, graph_plan, make_timer(graph_plan.device))
+
+
+def make_timer(device: str) -> CudaEventTimer | None:
+    """The clock for calls on ``device``: CUDA events on a GPU, None (the CPU clock) else."""
+    if device != "cuda":
+        return None
+    from fxflops.timing import CudaEventTimer
+
+    return CudaEventTimer()
+
+
+def _describe_process(graph_plan: GraphPlan) -> None:
+    from fxflops.peaks import DTYPE_NAMES
+
+    info = recorder().info
+    if "device" not in info:
+        info["device"] = device_name(graph_plan.device)
+    # MFU's peak is the one of the dtype the matmuls ran in
+    dtype = DTYPE_NAMES.get(graph_plan.cost.matmul_dtype or "")
+    if dtype and "dtype" not in info:
+        info["dtype"] = dtype
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    import platform
+
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def _dump(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
+    try:
+        from fxflops.dump import dump_graph
+
+        dump_graph(gm, record)
+    except Exception as e:
+        warn_once("dump", "fxflops: could not dump graph %s: %s", record.name, e)
 
 
 def _qualname(obj: Any) -> str:
@@ -39,41 +119,36 @@ def _resolve_class(name: str) -> type:
     return obj
 
 
-_OFF_KEY = ("fxflops-off",)
-_OFF = object()  # the row of a graph whose instrumentation gave up
-
-
-def _off_key(args: Sequence[Any]) -> tuple[str]:
-    return _OFF_KEY
-
-
 class InstrumentedGraph(SerializableCallable):
     """A compiled graph that records, per call, its size and how long it took.
 
-    Per call: read the size symbols (one tuple expression), one dict lookup, two clock
-    reads, one ring-buffer slot. Sympy is evaluated once per new size, never per call.
+    Per call on the CPU clock: the size key (``operator.itemgetter`` for the usual single
+    size symbol), one dict lookup, two clock reads, one ring-buffer slot. Sympy runs once
+    per new size, never per call. Graphs with run-time costs (vLLM attention), on a GPU, or
+    whose instrumentation gave up take ``_call_special``.
     """
 
-    def __init__(self, inner: Callable[..., Any], record: GraphRecord,
-                 timer: Any = None) -> None:
+    def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
+                 timer: CudaEventTimer | None = None) -> None:
         self.inner = inner
         self.record = record
+        self.plan = graph_plan
+        self._timer = timer
         self._rows = record.rows
-        self._read = record.binder.read
-        self._timer = timer  # None: CPU clock; else a CUDA-event timer
+        self._key = record.binder.key
         # run-time costers (vLLM attention) of this graph's kinds, looked up once
         self._costers = tuple(recorder().coster(k) for k in record.runtime_kinds)
-        self._plain = not self._costers and timer is None  # CPU, nothing per call but time
+        if self._costers or timer is not None:
+            # the same object, with a __call__ that does more than read the CPU clock
+            self.__class__ = _SpecialGraph
 
     # --- the hot path -----------------------------------------------------------------
 
     def __call__(self, *args: Any) -> Any:
         try:
-            row = self._rows.get(self._read(args)) or self._first_call_at_size(args)
-        except Exception as e:
-            return self._give_up(e, args)
-        if not self._plain:
-            return self._call_special(row, args)
+            row = self._rows[self._key(args)]
+        except Exception:  # a new size (KeyError), or something no longer readable
+            return self._call_special(args)
         t0 = _now()
         out = self.inner(*args)
         ns = _now() - t0
@@ -84,13 +159,17 @@ class InstrumentedGraph(SerializableCallable):
         row.window[n % row.cap] = ns
         return out
 
-    def _call_special(self, row: Any, args: Sequence[Any]) -> Any:
-        """Calls that count run-time FLOPs, run on a GPU, or are no longer instrumented."""
-        if row is _OFF:
-            return self.inner(*args)
+    def _call_special(self, args: Sequence[Any]) -> Any:
+        """First call at a size, run-time costs, a GPU: the one place sympy runs (once per
+        new size) and run-time costers are asked."""
         try:
-            if self._costers:
-                self._count_runtime(row)
+            key = self._key(args)
+            row = self._rows.get(key) or self.record.new_row(key)
+            for coster in self._costers:
+                pairs = coster.pairs()
+                if pairs is not None:
+                    row.runtime_flops += row.runtime_coeff * pairs
+                    row.runtime_calls += 1
         except Exception as e:
             return self._give_up(e, args)
         if self._timer is not None:
@@ -100,22 +179,9 @@ class InstrumentedGraph(SerializableCallable):
         row.add(_now() - t0)
         return out
 
-    def _first_call_at_size(self, args: Sequence[Any]) -> Any:
-        # the one place sympy runs: once per new size
-        return self.record.new_row(self._read(args))
-
-    def _count_runtime(self, row: Any) -> None:
-        for coster in self._costers:
-            pairs = coster.pairs()
-            if pairs is not None:
-                row.runtime_flops += row.runtime_coeff * pairs
-                row.runtime_calls += 1
-
     def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
-        # from now on every call finds the "off" row: two cheap steps, then the inner call
-        self._read, self._rows, self._costers = _off_key, {_OFF_KEY: _OFF}, ()
-        self._plain = False
-        warn_once(f"broken:{self.record.id}", "fxflops: instrumentation of graph %s failed "
+        self.__class__ = _UninstrumentedGraph
+        warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s: %s); it runs uninstrumented from now on", self.record.name,
                   type(error).__name__, error)
         return self.inner(*args)
@@ -128,14 +194,14 @@ class InstrumentedGraph(SerializableCallable):
             finish(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        # Inductor's and AOTAutograd's callables carry attributes callers may read
+        # Inductor's and AOTAutograd's callables carry attributes callers may read.
         # ``serialize`` must not leak through: torch would then bundle the inner artifact
         # alone and drop the instrumentation (we are a SerializableCallable ourselves)
-        if name in ("inner", "record", "serialize") or name.startswith("__"):
+        if name in ("inner", "record", "plan", "serialize") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    # --- SerializableCallable: cost and binder travel with the inner artifact ---------
+    # --- SerializableCallable: the plan travels with the inner artifact ---------------
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: InstrumentedGraph) -> bytes:
@@ -151,13 +217,10 @@ class InstrumentedGraph(SerializableCallable):
                 inner = GraphModuleSerializableCallable(inner)
             else:
                 raise RuntimeError(f"fxflops: inner callable {type(inner)} is not serialisable")
-        r = fn.record
         state = {
             "inner_cls": _qualname(inner),
             "inner": type(inner).serialize_compile_artifacts(inner),
-            "name": r.name, "cost": r.cost, "binder": r.binder,
-            "static_size": r.static_size, "meta": r.meta,
-            "cuda": fn._timer is not None,
+            "name": fn.record.name, "meta": fn.record.meta, "plan": fn.plan,
         }
         return pickle.dumps(state)
 
@@ -165,20 +228,21 @@ class InstrumentedGraph(SerializableCallable):
     def deserialize_compile_artifacts(cls, data: bytes) -> InstrumentedGraph:
         state = pickle.loads(data)
         inner = _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
-        record = recorder().register(state["name"], state["cost"], state["binder"],
-                                     state["static_size"], {**state["meta"], "loaded": True})
-        timer = _make_timer() if state["cuda"] else None
-        return cls(inner, record, timer)
+        return instrument(inner, state["plan"], state["name"], {**state["meta"], "loaded": True})
 
 
-def _make_timer() -> Any:
-    from fxflops.timing import CudaEventTimer
+class _SpecialGraph(InstrumentedGraph):
+    """An instrumented graph with run-time costs (vLLM attention) or on a GPU."""
 
-    return CudaEventTimer()
+    def __call__(self, *args: Any) -> Any:
+        return self._call_special(args)
 
 
-def _uses_cuda(example_inputs: Sequence[Any]) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+class _UninstrumentedGraph(InstrumentedGraph):
+    """A graph whose instrumentation failed: the inner callable, and nothing else."""
+
+    def __call__(self, *args: Any) -> Any:
+        return self.inner(*args)
 
 
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -203,64 +267,29 @@ class FxflopsBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
         inner_backend = resolve_inner(self.inner)
-        prepared = None
+        graph_plan = None
         try:
-            cost = analyze(gm)
-            binder = SizeBinder.from_graph(gm, cost.symbols)
-            prepared = (cost, binder, static_size(gm))
+            graph_plan = plan(gm)
+            if graph_plan.cost.binder is None:
+                raise ValueError("its size symbols appear in no input's shape")
         except Exception as e:
+            graph_plan = None
             warn_once("analyze", "fxflops: analysis failed (%s: %s); compiling without "
                       "instrumentation", type(e).__name__, e)
         compiled = inner_backend(gm, example_inputs, **{**self.options, **kwargs})
-        if prepared is None:
+        if graph_plan is None:
             return compiled
         try:
-            cost, binder, size = prepared
-            rec = recorder()
-            index = len(rec.graphs)
-            name = self.name.format(index=index) if self.name else f"graph{index}"
-            record = rec.register(name, cost, binder, size, {"inner": _inner_name(self.inner)})
-            self._describe_process(example_inputs, cost)
-            self._dump(gm, record)
-            timer = _make_timer() if _uses_cuda(example_inputs) else None
-            return InstrumentedGraph(compiled, record, timer)
+            return instrument(compiled, graph_plan, self.name or "graph{index}",
+                              {"inner": _inner_name(self.inner)}, gm)
         except Exception as e:
             warn_once("wrap", "fxflops: could not instrument (%s: %s); running uninstrumented",
                       type(e).__name__, e)
             return compiled
 
-    @staticmethod
-    def _describe_process(example_inputs: Sequence[Any], cost: Any) -> None:
-        from fxflops.peaks import DTYPE_NAMES
-
-        info = recorder().info
-        if "device" not in info:
-            info["device"] = _device_name(example_inputs)
-        # MFU's peak is the one of the dtype the matmuls ran in
-        dtype = DTYPE_NAMES.get(cost.matmul_dtype or "")
-        if dtype and "dtype" not in info:
-            info["dtype"] = dtype
-
-    @staticmethod
-    def _dump(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
-        try:
-            from fxflops.dump import dump_graph
-
-            dump_graph(gm, record)
-        except Exception as e:
-            warn_once("dump", "fxflops: could not dump graph %s: %s", record.name, e)
-
 
 def _inner_name(inner: Any) -> str:
     return inner if isinstance(inner, str) else getattr(inner, "__name__", type(inner).__name__)
-
-
-def _device_name(example_inputs: Sequence[Any]) -> str:
-    if _uses_cuda(example_inputs):
-        return torch.cuda.get_device_name()
-    import platform
-
-    return f"cpu:{platform.processor() or platform.machine()}"
 
 
 def backend(inner: str | Callable[..., Any] = "inductor", name: str | None = None,

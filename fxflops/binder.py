@@ -3,18 +3,21 @@
 Each symbol is read from the first placeholder that carries it bare: a dimension of a
 tensor argument (``s72 = input_ids.shape[0]``) or a SymInt argument. Several symbols may
 be equal at run time (vLLM: ``input_ids`` and ``positions``); each is bound on its own.
-The reader is one generated tuple expression: O(number of symbols) per call.
+The reader is one generated expression: O(number of symbols) per call.
 """
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 import torch
 import torch.fx
+
+from fxflops.util import meta_value
 
 
 class UnboundSymbolError(ValueError):
@@ -22,16 +25,33 @@ class UnboundSymbolError(ValueError):
 
 
 class SizeBinder:
+    """Reads a call's size key from its arguments.
+
+    ``key(args)`` is the hot-path reader: with one size symbol it returns that symbol's
+    int (``operator.itemgetter`` for an int argument: no Python frame at all), with several
+    a tuple, with none ``()``. ``read(args)`` always gives the tuple, in ``symbols`` order.
+    """
+
     def __init__(self, sources: Sequence[tuple[str, int, int | None]]) -> None:
         # (symbol name, argument index, dimension or None for an int argument)
         self.sources = tuple(sources)
-        self.read = self._compile()
+        self.key = self._compile_key()
 
-    def _compile(self) -> Any:
-        terms = [f"args[{i}]" if d is None else f"args[{i}].shape[{d}]"
+    def _compile_key(self) -> Callable[[Sequence[Any]], Any]:
+        terms = [f"args[{i}]" if d is None else f"args[{i}].size({d})"
                  for _, i, d in self.sources]
-        src = f"lambda args: ({', '.join(terms)}{',' if terms else ''})"
-        return eval(src)  # a fixed tuple expression, built from ints only
+        if len(terms) == 1 and self.sources[0][2] is None:
+            return operator.itemgetter(self.sources[0][1])
+        if len(terms) == 1:
+            return eval(f"lambda args: {terms[0]}")  # built from ints only
+        return eval(f"lambda args: ({', '.join(terms)}{',' if terms else ''})")
+
+    def as_tuple(self, key: Any) -> tuple[int, ...]:
+        """The tuple form of a key ``key(args)`` returned."""
+        return (key,) if len(self.sources) == 1 else tuple(key)
+
+    def read(self, args: Sequence[Any]) -> tuple[int, ...]:
+        return self.as_tuple(self.key(args))
 
     def __reduce__(self) -> Any:
         return (SizeBinder, (self.sources,))
@@ -42,7 +62,7 @@ class SizeBinder:
         found: dict[str, tuple[str, int, int | None]] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for index, node in enumerate(placeholders):
-            val = node.meta.get("val", node.meta.get("example_value"))
+            val = meta_value(node)
             if isinstance(val, torch.SymInt):
                 name = str(val.node.expr)
                 if name in wanted and name not in found:
@@ -69,7 +89,7 @@ def static_size(gm: torch.fx.GraphModule) -> int | str:
     for node in gm.graph.nodes:
         if node.op != "placeholder" or _PARAM_NAME.search(str(node.target)):
             continue
-        val = node.meta.get("val", node.meta.get("example_value"))
+        val = meta_value(node)
         if isinstance(val, torch.Tensor) and val.dim() > 0:
             # never int() a SymInt: that would specialise the graph on its example size
             size = val.shape[0]

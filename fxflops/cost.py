@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Any, NamedTuple, Union
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import sympy
+
+if TYPE_CHECKING:
+    from fxflops.binder import SizeBinder
 
 Count = Union[int, sympy.Expr]  # noqa: UP007 (a runtime alias; 3.10 lacks | on it)
 
@@ -112,6 +115,9 @@ class GraphCost:
     nodes: list[NodeCost]
     uncounted: dict[str, int]
     num_nodes: int = 0
+    # where each symbol is read from the graph's arguments (None: some symbol is in no
+    # input's shape, so the graph cannot be bound from its arguments)
+    binder: SizeBinder | None = None
 
     @property
     def vector_flops(self) -> Count:
@@ -144,8 +150,17 @@ class GraphCost:
             return {s: by_name[str(s)] for s in self.symbols}
         return {s: int(sizes) for s in self.symbols}
 
-    def at(self, sizes: int | Mapping[Any, int] = 0) -> CostAt:
-        """The cost with the size symbols bound: plain ints."""
+    def at(self, sizes: int | Mapping[Any, int] = 0, *,
+           args: Sequence[Any] | None = None) -> CostAt:
+        """The cost with the size symbols bound: plain ints.
+
+        ``sizes``: one int for every symbol, or a mapping by symbol or name; or ``args``:
+        the graph's real arguments, from which each symbol is read as a call would.
+        """
+        if args is not None:
+            if self.binder is None:
+                raise ValueError("this graph's size symbols cannot be read from its arguments")
+            sizes = dict(zip(self.symbols, self.binder.read(args)))
         b = self.binding(sizes) if self.symbols else {}
         return CostAt(evaluate(self.flops, b), evaluate(self.matmul_flops, b),
                       evaluate(self.bytes_io, b), evaluate(self.bytes_nodes, b))

@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fxflops import config
 from fxflops.cost import Count, GraphCost, NodeCost, evaluate
-from fxflops.report import atomic_text
+from fxflops.util import atomic_text, human
+
+if TYPE_CHECKING:
+    from fxflops.recording import GraphRecord
 
 _ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
 
@@ -24,13 +28,6 @@ _ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
 def readable_source(gm: torch.fx.GraphModule) -> list[str]:
     text = gm.print_readable(print_output=False, include_stride=False, include_device=False)
     return text.rstrip().splitlines()
-
-
-def human(n: float, unit: str = "") -> str:
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {prefix}{unit}"
-    return f"{n:.3g} {unit}".rstrip()
 
 
 def _fmt(count: Count, binding: Mapping[Any, int] | None, unit: str) -> str:
@@ -119,13 +116,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
+def dump_graph(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
     """Dump the symbolic annotation now; sized dumps follow as sizes are seen."""
     lines = readable_source(gm)
     record.listing = lines
     text = annotate(lines, record.cost, record.name)
     # FXFLOPS_DUMP_DIR: set by the vLLM integration to sit beside depyf's dump
-    dirs = [d for d in (_out_dir(), os.environ.get("FXFLOPS_DUMP_DIR")) if d]
+    dirs = [d for d in (_out_dir(), config.DUMP_DIR.get()) if d]
     for d in dirs:
         atomic_text(text, os.path.join(d, f"{_safe(record.name)}.py"))
     try:
@@ -138,22 +135,23 @@ def dump_graph(gm: torch.fx.GraphModule, record: Any) -> None:
         pass
 
 
-def dump_sizes(record: Any) -> None:
-    """One dump per size seen so far (called when a report is flushed, not per call)."""
-    lines = getattr(record, "listing", None)
+def dump_sizes(record: GraphRecord) -> None:
+    """One dump per size seen so far, each written once (called when a report is flushed,
+    never per call)."""
+    lines = record.listing
     out = _out_dir()
     if not lines or not out or not record.cost.symbols:
         return
-    done = record.__dict__.setdefault("dumped_sizes", set())
-    for key, row in list(record.rows.items()):
-        if key in done or not key:
+    done = record.dumped_sizes
+    for raw_key, row in list(record.rows.items()):
+        if raw_key in done:
             continue
-        binding = dict(zip(record.cost.symbols, key))
+        binding = dict(zip(record.cost.symbols, row.key))
         text = annotate(lines, record.cost, record.name, binding, row.size)
         atomic_text(text, os.path.join(out, f"{_safe(record.name)}.size{_safe(str(row.size))}.py"))
-        done.add(key)
+        done.add(raw_key)
 
 
 def _out_dir() -> str | None:
-    out = os.environ.get("FXFLOPS_OUT")
+    out = config.OUT.get()
     return os.path.join(out, "graphs") if out else None

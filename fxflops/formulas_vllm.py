@@ -10,7 +10,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any
 
-from fxflops.formulas import register_bytes, register_formula, register_zero_flop
+from fxflops.registry import register_bytes, register_formula, register_zero_flop
 
 
 def _numel(shape: Any) -> Any:

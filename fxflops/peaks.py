@@ -8,7 +8,8 @@ is no table entry and MFU is only reported when they are set (or measured: ``fxf
 from __future__ import annotations
 
 import dataclasses
-import os
+
+from fxflops import config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +78,10 @@ def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[st
     peak = match_device(device_name) if device_name else None
     if peak is not None:
         tflops, gbps, source = peak.tflops_for(dtype), peak.gbps, f"table:{peak.name}:{dtype}"
-    env_t, env_g = os.environ.get("FXFLOPS_PEAK_TFLOPS"), os.environ.get("FXFLOPS_PEAK_GBPS")
+    env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
     if env_t:
-        tflops, source = float(env_t), "env"
+        tflops, source = env_t, "env"
     if env_g:
-        gbps = float(env_g)
+        gbps = env_g
         source = "env" if source in ("none", "env") else source + "+env"
     return {"tflops": tflops, "gbps": gbps, "source": source}

@@ -15,49 +15,65 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fxflops import config
+from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import CostAt, GraphCost, evaluate
 from fxflops.stats import SizeStats, size_label
+from fxflops.util import forget_warnings
 
-log = logging.getLogger("fxflops")
-
-# a server that sees every token count from 1 to 8192 keeps 8192 rows per graph at most
-MAX_SIZES = int(os.environ.get("FXFLOPS_MAX_SIZES", "8192"))
+log = logging.getLogger(__name__)
 
 
 class GraphRecord:
     """One instrumented graph: its cost, where its size symbols come from, its rows."""
 
-    def __init__(self, graph_id: int, name: str, cost: GraphCost, binder: Any,
+    def __init__(self, graph_id: int, name: str, cost: GraphCost,
                  static_size: int | str = "static", meta: dict[str, Any] | None = None) -> None:
+        if cost.binder is None:
+            raise UnboundSymbolError(f"graph {name}: its size symbols appear in no input")
         self.id = graph_id
         self.name = name
         self.cost = cost
-        self.binder = binder
+        self.binder: SizeBinder = cost.binder
         self.static_size = static_size
         self.meta = meta or {}
-        self.rows: dict[tuple[int, ...], SizeStats] = {}
-        self.dropped_sizes = 0
+        # keyed by what ``binder.key(args)`` returns (an int for one size symbol)
+        self.rows: dict[Any, SizeStats] = {}
+        self.max_sizes = config.MAX_SIZES.get()
+        # calls at sizes past ``max_sizes``: counted and timed here, not per size
+        self.overflow = SizeStats((), "overflow")
+        self.dropped_keys: set[Any] = set()  # at most ``max_sizes`` of them are kept
+        self.listing: list[str] | None = None  # the graph's source, for per-size dumps
+        self.dumped_sizes: set[Any] = set()
         self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes]
         self.runtime_kinds = tuple(sorted({kind for kind, _ in self._runtime_coeffs}))
 
-    def new_row(self, key: tuple[int, ...]) -> SizeStats:
+    @property
+    def dropped_sizes(self) -> int:
+        """Distinct sizes whose calls went to the overflow row (a lower bound past
+        ``max_sizes`` of them)."""
+        return len(self.dropped_keys)
+
+    def new_row(self, raw_key: Any) -> SizeStats:
         """First call at a size: evaluate the cost expressions once for it."""
-        row = self.rows.get(key)
+        row = self.rows.get(raw_key)
         if row is not None:
             return row
-        if len(self.rows) >= MAX_SIZES:
-            self.dropped_sizes += 1
-            return _OVERFLOW
+        if len(self.rows) >= self.max_sizes:
+            if len(self.dropped_keys) < self.max_sizes:
+                self.dropped_keys.add(raw_key)
+            return self.overflow
+        key = self.binder.as_tuple(raw_key)
         binding = dict(zip(self.cost.symbols, key))
         cost = CostAt(*(evaluate(c, binding) for c in (
             self.cost.flops, self.cost.matmul_flops, self.cost.bytes_io, self.cost.bytes_nodes)))
         row = SizeStats(key, size_label(key) if key else self.static_size, cost)
         row.runtime_coeff = sum(evaluate(c, binding) for _, c in self._runtime_coeffs)
-        return self.rows.setdefault(key, row)
+        return self.rows.setdefault(raw_key, row)
 
-
-# where calls go once a graph has MAX_SIZES rows: counted, not kept per size
-_OVERFLOW = SizeStats((), "overflow")
+    def all_rows(self) -> list[SizeStats]:
+        """The per-size rows, and the overflow row once a call went there."""
+        return [*self.rows.values(), *([self.overflow] if self.overflow.count else [])]
 
 
 def _no_pairs() -> None:
@@ -90,10 +106,12 @@ class Recorder:
 
     # --- registration (compile time) -------------------------------------------------
 
-    def register(self, name: str, cost: GraphCost, binder: Any, static_size: int | str = "static",
+    def register(self, name: str, cost: GraphCost, static_size: int | str = "static",
                  meta: dict[str, Any] | None = None) -> GraphRecord:
+        """A new graph; ``name`` may hold ``{index}`` (its place among this process's)."""
         with self._lock:
-            record = GraphRecord(next(self._ids), name, cost, binder, static_size, meta)
+            index = next(self._ids)
+            record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
             self.graphs.append(record)
         self._start_background()
         return record
@@ -136,12 +154,14 @@ class Recorder:
         """Forget every row (graphs stay registered: their callables still point here)."""
         for g in self.graphs:
             g.rows.clear()
+            g.overflow = SizeStats((), "overflow")
+            g.dropped_keys.clear()
         self.forwards.clear()
 
     # --- background: periodic report file and log line ------------------------------
 
     def default_path(self) -> str | None:
-        out = os.environ.get("FXFLOPS_OUT")
+        out = config.OUT.get()
         if not out:
             return None
         from fxflops.report import report_filename
@@ -170,11 +190,11 @@ class Recorder:
                 + ", ".join(parts) + "]")
 
     def _start_background(self) -> None:
-        if not self._exit_hooked and os.environ.get("FXFLOPS_OUT"):
+        if not self._exit_hooked and config.OUT.get():
             self._exit_hooked = True
             atexit.register(self.flush)
-        flush_s = float(os.environ.get("FXFLOPS_FLUSH_S", "0") or 0)
-        log_s = float(os.environ.get("FXFLOPS_LOG_INTERVAL", "0") or 0)
+        flush_s = config.FLUSH_S.get()
+        log_s = config.LOG_INTERVAL.get()
         if self._thread is not None or not (flush_s > 0 or log_s > 0):
             return
 
@@ -208,3 +228,14 @@ def recorder() -> Recorder:
     if _RECORDER is None:
         _RECORDER = Recorder()
     return _RECORDER
+
+
+def reset_recorder() -> Recorder:
+    """Start over as a fresh process would: a new, empty recorder (graphs compiled before
+    keep recording into their old records, which no report shows), warnings shown again."""
+    global _RECORDER
+    if _RECORDER is not None:
+        _RECORDER.stop()
+    _RECORDER = None
+    forget_warnings()
+    return recorder()

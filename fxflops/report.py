@@ -6,13 +6,17 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fxflops.cost import Count, Rollup
-from fxflops.stats import SizeStats, throughput
+from fxflops import config
+from fxflops.cost import CostAt, Count, Rollup
+from fxflops.stats import SizeStats, parse_size, throughput
+from fxflops.util import atomic_text
+
+if TYPE_CHECKING:
+    from fxflops.recording import GraphRecord, Recorder
 
 SCHEMA = "fxflops.report/1"
 
@@ -29,7 +33,10 @@ def _count(c: Count) -> int | str:
 
 
 def _rank() -> int | None:
-    for var in ("FXFLOPS_RANK", "RANK", "LOCAL_RANK"):
+    rank = config.RANK.get()
+    if rank is not None:
+        return rank
+    for var in ("RANK", "LOCAL_RANK"):  # torchrun's
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return None
@@ -81,35 +88,31 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
 
 def size_order(size: Any) -> tuple[Any, ...]:
     """Numbers in order, then ``BxS`` sizes by their numbers, then other labels."""
-    if isinstance(size, int):
-        return (0, (size,))
-    parts = str(size).split("x")
-    if all(p.isdigit() for p in parts):
-        return (1, tuple(int(p) for p in parts))
-    return (2, (str(size),))
+    numbers = parse_size(size)
+    if numbers is None:
+        return (2, (str(size),))
+    return (0 if len(numbers) == 1 and isinstance(size, int) else 1, numbers)
 
 
 def sorted_rows(rows: Any) -> list[SizeStats]:
     return sorted(rows, key=lambda r: size_order(r.size))
 
 
-def graph_rows(g: Any, peak: dict[str, Any]) -> list[dict[str, Any]]:
+def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)}
-            for r in sorted_rows(g.rows.values())]
+            for r in sorted_rows(g.all_rows())]
 
 
-def _with_graph_cost(forward_row: SizeStats, rec: Any) -> SizeStats:
+def _with_graph_cost(forward_row: SizeStats, rec: Recorder) -> SizeStats:
     """A whole forward costs what its graphs cost at its size (attention, which runs
     outside piecewise graphs, is added per call from the forward's own run-time count)."""
-    from fxflops.cost import CostAt
-
     costs = [r.cost for g in rec.graphs for r in g.rows.values()
              if r.size == forward_row.size and r.cost is not None]
     forward_row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(4)))
     return forward_row
 
 
-def build_report(rec: Any) -> dict[str, Any]:
+def build_report(rec: Recorder) -> dict[str, Any]:
     peak = rec.peak()
     graphs = []
     for g in rec.graphs:
@@ -122,29 +125,12 @@ def build_report(rec: Any) -> dict[str, Any]:
             "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),
             "by_op": _rollups(c.by_op()), "by_module": _rollups(c.by_module()),
             "uncounted": c.uncounted, "dropped_sizes": g.dropped_sizes,
-            "rows": [row_figures(r, peak) for r in sorted_rows(g.rows.values())],
+            "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())],
         })
     forward = [row_figures(_with_graph_cost(r, rec), peak)
                for r in sorted_rows(rec.forwards.values())]
     return {"schema": SCHEMA, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward}
-
-
-def atomic_text(text: str, path: str | os.PathLike[str]) -> str:
-    """Write to a temporary file beside ``path`` and rename it: readers never see half."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fxflops-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_atomic(data: dict[str, Any], path: str | os.PathLike[str]) -> str:
@@ -210,10 +196,6 @@ def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(latest.values())
 
 
-def rank_of(report: dict[str, Any]) -> int | None:
-    return report["process"].get("rank")
-
-
 def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every (graph, size) row of every report, tagged with its rank and process."""
     rows = []
@@ -229,34 +211,37 @@ def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Merge rows of the same (graph, size) across processes/ranks.
+def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
+               ) -> list[dict[str, Any]]:
+    """Merge rows of the same (graph, size) across processes and ranks.
 
-    FLOPs and bytes add up over ranks (each rank does its shard); calls add up; the median
-    shown is the slowest rank's (the step waits for it).
+    Another rank adds its shard's work: FLOPs and bytes add up over ranks. Calls add up over
+    processes. The median is the slowest rank's (the step waits for it). The rates, MFU and
+    roofline then come from ``throughput`` as a single row's do, against the peak of all
+    the ranks' devices together (``peak`` per device times the number of ranks).
     """
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        k = (r["graph"], str(r["size"]))
-        m = merged.get(k)
-        if m is None:
-            merged[k] = {**r, "rank": "all", "ranks": 1, "_ranks": {r.get("rank")}}
-            continue
-        # another rank adds its shard's work; another process of the same rank only calls
-        new_rank = r.get("rank") not in m["_ranks"]
-        m["_ranks"].add(r.get("rank"))
-        m["ranks"] = len(m["_ranks"])
+        groups.setdefault((r["graph"], str(r["size"])), []).append(r)
+    peak = peak or {}
+    merged = []
+    for group in groups.values():
+        first_of_rank: dict[Any, dict[str, Any]] = {}
+        for r in group:
+            first_of_rank.setdefault(r.get("rank"), r)
+        shards = list(first_of_rank.values())
+        m = {**group[0], "rank": "all", "ranks": len(shards)}
         for f in ("calls", "total_ms"):
-            m[f] = (m.get(f) or 0) + (r.get(f) or 0)
-        if new_rank:
-            for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
-                      "gflops"):
-                m[f] = (m.get(f) or 0) + (r.get(f) or 0)
-        m["median_ms"] = max(m["median_ms"], r["median_ms"])
-        m["p90_ms"] = max(m.get("p90_ms", 0), r.get("p90_ms", 0))
-        secs = m["median_ms"] / 1e3
-        m["tflops"] = m["flops"] / secs / 1e12 if secs else None
-        m["gbps"] = m["bytes_io"] / secs / 1e9 if secs else None
-    for m in merged.values():
-        del m["_ranks"]
-    return list(merged.values())
+            m[f] = sum(r.get(f) or 0 for r in group)
+        for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes"):
+            m[f] = sum(r.get(f) or 0 for r in shards)
+        m["gflops"] = m["flops"] / 1e9
+        for f in ("median_ms", "p10_ms", "p90_ms"):
+            m[f] = max(r.get(f) or 0 for r in group)
+        devices = len(shards)
+        tflops, gbps = peak.get("tflops"), peak.get("gbps")
+        m.update(throughput(m["flops"], m["matmul_flops"], m["bytes_io"], m["median_ms"] / 1e3,
+                            tflops * devices if tflops else None,
+                            gbps * devices if gbps else None))
+        merged.append(m)
+    return merged

@@ -6,12 +6,14 @@ ring buffer. Medians and percentiles are computed when a report is made, never p
 
 from __future__ import annotations
 
-import os
 from array import array
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-WINDOW = int(os.environ.get("FXFLOPS_WINDOW", "512"))
+from fxflops import config
+
+if TYPE_CHECKING:
+    from fxflops.cost import CostAt
 
 
 class SizeStats:
@@ -20,8 +22,9 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
                  "runtime_flops", "runtime_calls", "runtime_coeff")
 
-    def __init__(self, key: tuple[int, ...], size: int | str, cost: Any = None,
-                 cap: int = WINDOW) -> None:
+    def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
+                 cap: int | None = None) -> None:
+        cap = cap or config.WINDOW.get()
         self.key = key
         self.size = size
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
@@ -42,7 +45,7 @@ class SizeStats:
         self.total_ns += ns
         self.window[n % self.cap] = ns
 
-    def samples(self) -> array:
+    def samples(self) -> array[int]:
         """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
         return self.window[: min(self.count, self.cap)]
 
@@ -66,6 +69,16 @@ def size_label(key: tuple[int, ...]) -> int | str:
     if all(k == key[0] for k in key):
         return int(key[0])
     return "x".join(str(k) for k in key)
+
+
+def parse_size(size: Any) -> tuple[int, ...] | None:
+    """The numbers of a size label: ``8`` -> (8,), ``"2x16"`` -> (2, 16); else None."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return (size,)
+    parts = str(size).split("x")
+    if all(p.isdigit() for p in parts):
+        return tuple(int(p) for p in parts)
+    return None
 
 
 def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,

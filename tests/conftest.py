@@ -1,23 +1,23 @@
 import logging
+import sys
 
 import pytest
 import torch
 
+import fxflops
+
 
 @pytest.fixture(autouse=True)
 def fresh_state():
-    """Each test starts with no compiled graphs and an empty recorder."""
-    import fxflops.analysis
-    import fxflops.recording
-
+    """Each test starts as a fresh process would: no compiled graphs, an empty recorder,
+    vLLM's classes as vLLM defined them (whatever an earlier test patched is undone)."""
     torch._dynamo.reset()
-    fxflops.recording._RECORDER = None
-    fxflops.analysis._warned.clear()
+    fxflops.reset_recorder()
     yield
     torch._dynamo.reset()
-    if fxflops.recording._RECORDER is not None:
-        fxflops.recording._RECORDER.stop()
-    fxflops.recording._RECORDER = None
+    fxflops.recorder().stop()
+    if "fxflops.integrations.vllm.plugin" in sys.modules:
+        sys.modules["fxflops.integrations.vllm.plugin"].uninstall()
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_failure_inside_fxflops_is_logged_once_and_model_runs(fxflops_log):
         raise RuntimeError("binder exploded")
 
     for wrapper in wrappers:
-        wrapper._read = broken
+        wrapper._key = broken
     for b in (3, 5, 7):
         y = torch.randn(b, 4)
         assert torch.equal(compiled(y), model(y))
@@ -85,7 +85,7 @@ def test_failure_inside_fxflops_is_logged_once_and_model_runs(fxflops_log):
 def test_analysis_failure_compiles_uninstrumented(monkeypatch, fxflops_log):
     import fxflops.backends
 
-    def explode(gm):
+    def explode(*args):
         raise RuntimeError("analysis exploded")
 
     monkeypatch.setattr(fxflops.backends, "analyze", explode)
@@ -111,8 +111,6 @@ def _f(x, w1, w2):
 
 
 def test_aot_compiled_artifact_keeps_reporting_after_save_and_load(tmp_path):
-    import fxflops.recording
-
     w1, w2 = torch.randn(16, 32), torch.randn(32, 4)
     x = torch.randn(5, 16)
     torch._dynamo.mark_dynamic(x, 0)
@@ -120,7 +118,7 @@ def test_aot_compiled_artifact_keeps_reporting_after_save_and_load(tmp_path):
     path = tmp_path / "artifact.bin"
     aot.save_compiled_function(str(path))
     # a fresh process: no graphs, an empty recorder
-    fxflops.recording._RECORDER = None
+    fxflops.reset_recorder()
     torch._dynamo.reset()
     with open(path, "rb") as f:
         loaded = torch.compiler.load_compiled_function(f)
@@ -134,24 +132,28 @@ def test_aot_compiled_artifact_keeps_reporting_after_save_and_load(tmp_path):
     assert fxflops.recorder().graphs[0].meta["loaded"] is True
 
 
-def test_window_is_bounded_and_rows_are_per_size():
-    from fxflops.stats import WINDOW
-
+def test_window_is_bounded_and_rows_are_per_size(monkeypatch):
+    window = 16
+    monkeypatch.setenv("FXFLOPS_WINDOW", str(window))  # read when a row is made
     compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"),
                              dynamic=True)
     xs = [torch.randn(n) for n in range(2, 12)]
-    for _ in range(WINDOW // 4 + 10):
+    for _ in range(window + 10):
         for x in xs:
             compiled(x)
     graph = fxflops.recorder().graphs[0]
     assert len(graph.rows) == len(xs)
     for row in graph.rows.values():
-        assert row.count == WINDOW // 4 + 10
-        assert len(row.window) <= WINDOW
+        assert row.count == window + 10
+        assert len(row.samples()) == window and len(row.window) == window
+    # the median is the last ``window`` samples': older ones are overwritten, not kept
     row = next(iter(graph.rows.values()))
-    for _ in range(3 * WINDOW):
+    for _ in range(3 * window):
+        row.add(5000)
+    for _ in range(window):
         row.add(1000)
-    assert len(row.window) == WINDOW and row.percentiles()["median_ms"] == 0.001
+    assert row.percentiles()["median_ms"] == 0.001
+    assert row.total_ns >= 3 * window * 5000 + window * 1000
 
 
 def test_report_file_is_written_at_flush_and_loads(tmp_path, monkeypatch):

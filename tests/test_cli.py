@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 import fxflops
 from fxflops.cli.main import main
 from fxflops.dump import annotate, readable_source
+from fxflops.util import human
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -31,7 +33,11 @@ def demo_out(tmp_path_factory):
 
 def test_demo_report_csv_json(demo_out, tmp_path):
     proc = cli("report", str(demo_out))
-    assert proc.returncode == 0 and "graph" in proc.stdout
+    assert proc.returncode == 0
+    # a table row per (graph, size) the demo ran: decode batch 2..16, prefill 2 x 16..128
+    for size in ("2", "16", "2x16", "2x128"):
+        assert any(line.split("│")[2:3] and line.split("│")[2].strip() == size
+                   for line in proc.stdout.splitlines()), size
     proc = cli("report", str(demo_out / "demo.json"), "--json", "-")
     rows = json.loads(proc.stdout)
     assert rows and all(r["flops"] > 0 for r in rows)
@@ -121,14 +127,13 @@ def test_dump_comments_add_up_to_the_header_totals():
     torch.compile(model, backend=be)(torch.randn(3, 16))
     cost = seen["cost"]
     text = annotate(readable_source(seen["gm"]), cost, "g")
-    import re
 
     shares = [float(m) for m in re.findall(r"# [^#]*?FLOP \((\d+\.\d)%\)", text)]
     assert abs(sum(shares) - 100.0) < 0.5
     costed = [n for n in cost.nodes if n.flops]
     assert len(shares) == len(costed)
     assert sum(n.flops for n in cost.nodes) == cost.flops
-    assert f"[{cost.flops}]" in text or "FLOPs:" in text
+    assert f"# FLOPs:         {human(cost.flops, 'FLOP')}" in text
 
 
 def test_dump_is_emitted_for_tlparse():
@@ -168,4 +173,9 @@ def test_tune_on_real_runs(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert main(["tune", str(tmp_path / "general"), str(tmp_path / "specialised")]) == 0
     out = capsys.readouterr().out
-    assert "recommended:" in out and "general ms" in out
+    # one table row per size run both ways, then one verdict naming only those sizes
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert sorted(line.split("│")[1].strip() for line in rows) == ["2", "4"]
+    verdict = next(line for line in out.splitlines() if line.startswith("recommended:"))
+    assert verdict.startswith("recommended: no compile_sizes") or re.fullmatch(
+        r"recommended: -cc '\{\"compile_sizes\": \[(2|4|2, 4)\]\}'", verdict), verdict

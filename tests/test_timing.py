@@ -58,12 +58,21 @@ def test_no_sync_harvest_in_order_and_bounded():
     assert row.count == 0 and len(timer.pending) == 3  # nothing read before it finished
     timer.pending[0][1].done = True
     timer.pending[1][1].done = True
+    harvested = [p[:2] for p in list(timer.pending)[:2]]
     assert timer.harvest() == 2 and row.count == 2
+    assert len(timer.pool) == 2
     assert row.window[0] == 1_000_000  # 1 ms between start and end records
+    dropped = []
     for _ in range(10):  # nothing finishes: the oldest samples are dropped, never waited for
+        if len(timer.pending) == timer.max_in_flight:
+            dropped.append(timer.pending[0])
         timer.time_call(lambda: None, (), row)
     assert len(timer.pending) == 4 and timer.dropped == 7
-    assert len(timer.pool) == 0 or all(isinstance(p, tuple) for p in timer.pool)
+    # the two harvested pairs were reused (popped from the pool) before new ones were made
+    assert timer.pool == []
+    reused = {id(e) for pair in harvested for e in pair}
+    assert reused <= {id(e) for start, end, _ in timer.pending for e in (start, end)} | {
+        id(e) for start, end, _ in dropped for e in (start, end)}
 
 
 def test_pairs_recorded_in_capture_are_read_before_each_replay():
@@ -102,4 +111,4 @@ def test_real_cuda_events_time_a_matmul():
         timer.time_call(torch.mm, (a, a), row)
     torch.cuda.synchronize()
     timer.harvest()
-    assert row.count == 5 and min(row.window) > 0
+    assert row.count == 5 and len(row.samples()) == 5 and min(row.samples()) > 0

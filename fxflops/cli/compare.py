@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def keyed(path: str) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = merge_rows(flat_rows(load_reports([path])))
+    reports = load_reports([path])
+    rows = merge_rows(flat_rows(reports), reports[0].get("peak"))
     return {(r["graph"], str(r["size"])): r for r in rows}
 
 

@@ -8,6 +8,7 @@ from math import prod
 from typing import Any
 
 from fxflops.report import ReportError, flat_rows, load_reports, merge_rows
+from fxflops.stats import parse_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def tokens(row: dict[str, Any]) -> int | None:
     """The x of a row: its size, or the product of a ``BxS`` size (tokens of a batch)."""
-    size = row["size"]
-    if isinstance(size, int):
-        return size
-    parts = str(size).split("x")
-    return prod(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+    numbers = parse_size(row["size"])
+    return prod(numbers) if numbers is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
     reports = load_reports(args.paths)
-    rows = [r for r in merge_rows(flat_rows(reports)) if tokens(r) is not None]
+    rows = [r for r in merge_rows(flat_rows(reports), reports[0].get("peak"))
+            if tokens(r) is not None]
     if not rows:
         raise ReportError("no rows with a numeric size to plot")
     peak = reports[0].get("peak") or {}

@@ -12,14 +12,8 @@ from typing import Any
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.report import (
-    ReportError,
-    atomic_text,
-    flat_rows,
-    load_reports,
-    merge_rows,
-    size_order,
-)
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, size_order
+from fxflops.util import atomic_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +48,7 @@ def forward_outside_share(rows: list[dict[str, Any]]) -> None:
 
 
 def report_rows(reports: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Every rank's rows, and with several ranks their merged rows too."""
     rows = flat_rows(reports)
     if not rows:
         raise ReportError("the reports hold no timed calls (did the compiled model run?)")
@@ -61,7 +56,7 @@ def report_rows(reports: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bo
     ranks = {r["rank"] for r in rows}
     multi = len(ranks) > 1
     if multi:
-        merged = merge_rows(rows)
+        merged = merge_rows(rows, reports[0].get("peak"))
         forward_outside_share(merged)
         rows = rows + merged
     return rows, multi

@@ -6,6 +6,8 @@ import sys
 
 from rich.console import Console
 
+from fxflops.util import human
+
 
 def make_console() -> Console:
     """Wide enough for the tables when output goes to a file or a CI log."""
@@ -25,12 +27,7 @@ def fmt_num(x: float | int | None) -> str:
 
 
 def fmt_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
+    return human(n, "B")
 
 
 def fmt_pct(x: float | None) -> str:

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     chosen = sorted(r["size"] for r in rows if r["recommend"])
     if chosen:
-        console.print("recommended: -O '" + json.dumps({"compile_sizes": chosen}) + "'",
+        console.print("recommended: -cc '" + json.dumps({"compile_sizes": chosen}) + "'",
                       soft_wrap=True)
     else:
         console.print("recommended: no compile_sizes (no specialised graph beats the general "

@@ -12,18 +12,84 @@
 
 from __future__ import annotations
 
-import logging
+import functools
+import inspect
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from fxflops.analysis import warn_once
-from fxflops.patching import patch_method
+from fxflops.patching import Patch, patch_method
 from fxflops.recording import recorder
+from fxflops.util import warn_once
 
-log = logging.getLogger("fxflops")
 _state = threading.local()
+# every patch this module applied, so that ``uninstall`` can undo them (newest first)
+PATCHES: list[Patch] = []
+
+
+def _patch(owner: Any, name: str, tag: str,
+           make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    patch = patch_method(owner, name, tag, make_wrapper)
+    if patch.applied:
+        PATCHES.append(patch)
+
+
+def uninstall() -> None:
+    """Undo every patch of this module (tests; a process that wants vLLM back as it was)."""
+    while PATCHES:
+        PATCHES.pop().undo()
+
+
+@functools.lru_cache(maxsize=64)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def arguments(fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``fn``'s arguments by name, defaults filled in. Raises if vLLM changed the
+    signature so that they no longer bind: callers read them inside their own ``try``."""
+    bound = _signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def passthrough(original: Callable[..., Any],
+                before: Callable[[dict[str, Any]], Any] | None = None,
+                after: Callable[[dict[str, Any], Any], Any] | None = None,
+                what: str = "") -> Callable[..., Any]:
+    """A wrapper that calls ``original`` with exactly the arguments it was given.
+
+    ``before(arguments)`` and ``after(arguments, result)`` read what fxflops needs by name,
+    each in its own ``try``: a failure there (vLLM changed, fxflops broke) is warned once and
+    never reaches vLLM. ``after`` may return a replacement result (None keeps vLLM's).
+    """
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        named: dict[str, Any] | None = None
+        try:
+            named = arguments(original, args, kwargs)
+            if before is not None:
+                before(named)
+        except Exception as e:
+            warn_once(f"vllm-hook:{what}", "fxflops: %s not instrumented (%s: %s)", what,
+                      type(e).__name__, e)
+            named = None
+        result = original(*args, **kwargs)
+        if named is None or after is None:
+            return result
+        try:
+            replaced = after(named, result)
+        except Exception as e:
+            warn_once(f"vllm-hook:{what}", "fxflops: %s not instrumented (%s: %s)", what,
+                      type(e).__name__, e)
+            return result
+        return result if replaced is None else replaced
+
+    return wrapper
 
 
 def causal_pairs(query_lens: Any, context_lens: Any) -> int:
@@ -69,55 +135,62 @@ def install_attention_coster() -> None:
 def install_forward_timing() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    patch_method(GPUModelRunner, "_model_forward", "forward", _timed_forward)
+    _patch(GPUModelRunner, "_model_forward", "forward", _timed_forward)
     _note_rank()
 
 
-def _timed_forward(original: Any) -> Any:
-    def _model_forward(self: Any, input_ids: Any = None, positions: Any = None, *args: Any,
-                       **kwargs: Any) -> Any:
-        try:
-            from vllm.forward_context import get_forward_context, is_forward_context_available
+def _forward_row(runner: Any, named: dict[str, Any]) -> Any:
+    """The whole-forward row of this step (None for profiling and dummy runs, which have
+    no attention metadata: vLLM skips them too); sets the step's attention pairs."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
 
-            ctx = get_forward_context() if is_forward_context_available() else None
-            # profiling and dummy runs have no attention metadata: vLLM skips them too
-            if ctx is None or ctx.attn_metadata is None:
-                return original(self, input_ids, positions, *args, **kwargs)
-            tokens = int((positions if positions is not None else input_ids).shape[-1])
-            _state.pairs = batch_pairs(self)
-            row = recorder().forward_row(tokens)
-            if _state.pairs is not None:
-                if not row.runtime_coeff:
-                    row.runtime_coeff = attention_coeff(self)
-                row.runtime_flops += row.runtime_coeff * _state.pairs
-                row.runtime_calls += 1
+    ctx = get_forward_context() if is_forward_context_available() else None
+    if ctx is None or ctx.attn_metadata is None:
+        return None
+    positions, input_ids = named.get("positions"), named.get("input_ids")
+    tokens = int((positions if positions is not None else input_ids).shape[-1])
+    _state.pairs = batch_pairs(runner)
+    row = recorder().forward_row(tokens)
+    if _state.pairs is not None:
+        if not row.runtime_coeff:
+            row.runtime_coeff = attention_coeff(runner)
+        row.runtime_flops += row.runtime_coeff * _state.pairs
+        row.runtime_calls += 1
+    return row
+
+
+def _timed_forward(original: Any) -> Any:
+    def _model_forward(*args: Any, **kwargs: Any) -> Any:
+        row = None
+        try:
+            named = arguments(original, args, kwargs)
+            row = _forward_row(named["self"], named)
+            timer = _forward_timer(named["self"]) if row is not None else None
         except Exception as e:
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
-            return original(self, input_ids, positions, *args, **kwargs)
+            row = None
+        if row is None:
+            return original(*args, **kwargs)
         try:
-            timer = _forward_timer(self)
             if timer is not None:
-                return timer.time_call(lambda *a: original(self, *a, **kwargs),
-                                       (input_ids, positions, *args), row)
+                return timer.time_call(lambda: original(*args, **kwargs), (), row)
             t0 = time.perf_counter_ns()
-            out = original(self, input_ids, positions, *args, **kwargs)
+            out = original(*args, **kwargs)
             row.add(time.perf_counter_ns() - t0)
             return out
         finally:
             _state.pairs = None
 
-    return _model_forward
+    return functools.wraps(original)(_model_forward)
 
 
 def _forward_timer(runner: Any) -> Any:
     timer = getattr(runner, "_fxflops_timer", False)
     if timer is False:
-        timer = None
-        if getattr(runner.device, "type", "cpu") == "cuda":
-            from fxflops.timing import CudaEventTimer
+        from fxflops.backends import make_timer
 
-            timer = CudaEventTimer()
+        timer = make_timer(getattr(runner.device, "type", "cpu"))
         runner._fxflops_timer = timer
     return timer
 
@@ -143,13 +216,10 @@ def install_flush_at_shutdown() -> None:
     from vllm.v1.executor import multiproc_executor
 
     def wrap(original: Any) -> Any:
-        def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
-            recorder().flush()
-            return original(self, *args, **kwargs)
+        return passthrough(original, before=lambda named: recorder().flush(),
+                           what="flush at worker shutdown")
 
-        return shutdown
-
-    patch_method(multiproc_executor.WorkerProc, "shutdown", "flush", wrap)
+    _patch(multiproc_executor.WorkerProc, "shutdown", "flush", wrap)
 
 
 def note_vllm_config(vllm_config: Any) -> None:
@@ -171,67 +241,49 @@ def install_mode2_backend() -> None:
     modes = (compilation.CompilationMode.STOCK_TORCH_COMPILE,
              compilation.CompilationMode.DYNAMO_TRACE_ONCE)
 
+    def wrap_backend(named: dict[str, Any], backend: Any) -> Any:
+        config = named["self"]
+        note_vllm_config(named["vllm_config"])
+        if config.mode in modes and config.backend != "fxflops":
+            import fxflops
+
+            return fxflops.backend(inner=backend, name="model{index}")
+        return None
+
     def wrap(original: Any) -> Any:
-        def init_backend(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
-            backend = original(self, vllm_config, *args, **kwargs)
-            note_vllm_config(vllm_config)
-            if self.mode in modes and self.backend != "fxflops":
-                import fxflops
+        return passthrough(original, after=wrap_backend, what="mode-2 backend")
 
-                return fxflops.backend(inner=backend, name="model{index}")
-            return backend
-
-        return init_backend
-
-    patch_method(compilation.CompilationConfig, "init_backend", "mode2", wrap)
+    _patch(compilation.CompilationConfig, "init_backend", "mode2", wrap)
 
 
 def install_piecewise_compiler() -> None:
-    """Mode 3: every piecewise graph vLLM compiles or loads from its cache is instrumented."""
+    """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
+    ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
+    instruments each graph once."""
     from vllm.compilation import backends
 
     def wrap(original: Any) -> Any:
-        def compile(self: Any, graph: Any, example_inputs: Any, additional_inductor_config: Any,
-                    compilation_config: Any, compile_range: Any, graph_index: int = 0,
-                    num_graphs: int = 1, is_encoder: bool = False) -> Any:
-            compiled = original(self, graph, example_inputs, additional_inductor_config,
-                                compilation_config, compile_range, graph_index, num_graphs,
-                                is_encoder)
-            try:
-                _note_rank()
-                return instrument_piece(graph, compiled, compile_range, graph_index,
-                                        num_graphs, example_inputs)
-            except Exception as e:
-                warn_once("vllm-piece", "fxflops: piecewise graph not instrumented (%s: %s)",
-                          type(e).__name__, e)
-                return compiled
+        return passthrough(original, after=_instrument_piece, what="piecewise graph")
 
-        return compile
-
-    patch_method(backends.CompilerManager, "compile", "piecewise", wrap)
+    _patch(backends.CompilerManager, "compile", "piecewise", wrap)
 
 
-def instrument_piece(graph: Any, compiled: Any, compile_range: Any, graph_index: int,
-                     num_graphs: int, example_inputs: Any) -> Any:
-    """Analyse one piecewise graph and wrap its compiled callable."""
-    from fxflops.analysis import analyze
-    from fxflops.backends import InstrumentedGraph, _uses_cuda
-    from fxflops.binder import SizeBinder
+def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
+    """Analyse one piecewise graph and wrap its compiled callable, like any other graph."""
+    from fxflops.backends import instrument, plan
 
-    cost = analyze(graph, example_inputs)
-    binder = SizeBinder.from_graph(graph, cost.symbols)
+    _note_rank()
+    graph, compile_range = named["graph"], named["compile_range"]
+    graph_index, num_graphs = named.get("graph_index", 0), named.get("num_graphs", 1)
     start, end = int(compile_range.start), int(compile_range.end)
     single = start == end
     name = f"piece{graph_index}of{num_graphs}:" + (f"size{start}" if single
                                                   else f"range[{start},{end}]")
-    meta = {"inner": "vllm-piecewise", "piece": graph_index, "pieces": num_graphs,
-            "compile_range": [start, end]}
+    meta: dict[str, Any] = {"inner": "vllm-piecewise", "piece": graph_index,
+                            "pieces": num_graphs, "compile_range": [start, end]}
     if single:
         meta["compile_size"] = start
-    record = recorder().register(name, cost, binder, start if single else "dynamic", meta)
-    timer = None
-    if _uses_cuda(example_inputs):
-        from fxflops.timing import CudaEventTimer
-
-        timer = CudaEventTimer()
-    return InstrumentedGraph(compiled, record, timer)
+    graph_plan = plan(graph, named["example_inputs"])
+    if single:
+        graph_plan.static_size = start
+    return instrument(compiled, graph_plan, name, meta, gm=graph)

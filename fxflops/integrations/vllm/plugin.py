@@ -1,7 +1,7 @@
 """The vLLM general plugin (entry point group ``vllm.general_plugins``).
 
 vLLM loads it in every process, workers included, before compiling. Unless asked, it does
-nothing but let ``-O '{"mode": 3, "backend": "fxflops"}'`` through vLLM's validation:
+nothing but let ``-cc '{"mode": 3, "backend": "fxflops"}'`` through vLLM's validation:
 
 - ``backend="fxflops"`` in mode 2 (DYNAMO_TRACE_ONCE) is the native path: vLLM resolves the
   name through torch's backend registry; this plugin then adds the whole-forward timing and
@@ -17,12 +17,14 @@ import logging
 import os
 from typing import Any
 
-log = logging.getLogger("fxflops")
+from fxflops import config
+
+log = logging.getLogger(__name__)
 _installed: set[str] = set()
 
 
 def enabled() -> bool:
-    return os.environ.get("FXFLOPS", "") not in ("", "0", "false", "False")
+    return config.ENABLED.get()
 
 
 def register() -> None:
@@ -44,12 +46,20 @@ def install() -> None:
     _installed.add("hooks")
     # vLLM may end a worker without running atexit: flush at its shutdown, and every few
     # seconds meanwhile (on the recorder's background thread, never in the hot path)
-    os.environ.setdefault("FXFLOPS_FLUSH_S", "5")
+    os.environ.setdefault(config.FLUSH_S.name, "5")
     hooks.install_flush_at_shutdown()
     hooks.install_forward_timing()
     hooks.install_attention_coster()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
+
+
+def uninstall() -> None:
+    """Undo everything ``register`` and ``install`` changed in vLLM's classes."""
+    from fxflops.integrations.vllm import hooks
+
+    hooks.uninstall()
+    _installed.clear()
 
 
 def _install_backend_name_shim() -> None:
@@ -60,34 +70,26 @@ def _install_backend_name_shim() -> None:
         return
     from vllm.config import compilation
 
-    from fxflops.patching import patch_method
+    from fxflops.integrations.vllm import hooks
 
-    def wrap_post_init(original: Any) -> Any:
-        def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            if self.backend == "fxflops" and \
-                    self.mode == compilation.CompilationMode.VLLM_COMPILE:
-                os.environ["FXFLOPS"] = "1"
-                self.backend = "inductor"
-                log.info("fxflops: mode 3 with backend 'fxflops' runs vLLM's Inductor "
-                         "backend, instrumented (FXFLOPS=1)")
-                install()
-            original(self, *args, **kwargs)
+    def mode3_name(named: dict[str, Any]) -> None:
+        cc = named["self"]
+        if cc.backend == "fxflops" and cc.mode == compilation.CompilationMode.VLLM_COMPILE:
+            os.environ[config.ENABLED.name] = "1"
+            cc.backend = "inductor"
+            log.info("fxflops: mode 3 with backend 'fxflops' runs vLLM's Inductor "
+                     "backend, instrumented (FXFLOPS=1)")
+            install()
 
-        return __post_init__
-
-    def wrap_init_backend(original: Any) -> Any:
-        def init_backend(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
-            # the native mode-2 path: the worker is about to compile with backend="fxflops"
-            if self.backend == "fxflops":
-                install()
-                from fxflops.integrations.vllm.hooks import note_vllm_config
-
-                note_vllm_config(vllm_config)
-            return original(self, vllm_config, *args, **kwargs)
-
-        return init_backend
+    def native_mode2(named: dict[str, Any]) -> None:
+        # the native mode-2 path: the worker is about to compile with backend="fxflops"
+        if named["self"].backend == "fxflops":
+            install()
+            hooks.note_vllm_config(named["vllm_config"])
 
     cls = compilation.CompilationConfig
-    patch_method(cls, "__post_init__", "name-shim", wrap_post_init)
-    patch_method(cls, "init_backend", "name-shim", wrap_init_backend)
+    hooks._patch(cls, "__post_init__", "name-shim", lambda original: hooks.passthrough(
+        original, before=mode3_name, what="mode-3 backend name"))
+    hooks._patch(cls, "init_backend", "name-shim", lambda original: hooks.passthrough(
+        original, before=native_mode2, what="mode-2 backend"))
     _installed.add("shim")

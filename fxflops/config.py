@@ -1,0 +1,121 @@
+"""Every ``FXFLOPS_*`` environment variable, typed, read when used (never frozen at import).
+
+A bad value never raises: it is warned about once (the variable, the value, the default
+used) and the default is taken. ``VARIABLES`` is the one table of them; docs/reference.md
+shows the same table (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from fxflops.util import warn_once
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable(Generic[T]):
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except (TypeError, ValueError) as e:
+            warn_once(f"env:{self.name}={raw}", "fxflops: %s=%r is not valid (%s); using the "
+                      "default %r", self.name, raw, e, self.default)
+            return self.default
+
+
+def _text(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError("must be a whole number of at least 1")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    """A period in seconds; 0 switches the periodic job off."""
+    value = float(raw.strip())
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a number of seconds, 0 or more")
+    return value
+
+
+def _peak(raw: str) -> float | None:
+    if not raw.strip():
+        return None
+    value = float(raw.strip())
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _rank(raw: str) -> int | None:
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+ENABLED = Variable("FXFLOPS", _flag, False,
+                   "vLLM: instrument whatever vLLM compiles (see [vllm.md](vllm.md))")
+OUT = Variable("FXFLOPS_OUT", _text, None,
+               "folder for one report per process, `fxflops-HOST-PID[-rankN].json`, written "
+               "atomically at exit, at SIGTERM and at vLLM worker shutdown; graph dumps in "
+               "`OUT/graphs/`")
+FLUSH_S = Variable("FXFLOPS_FLUSH_S", _seconds, 0.0,
+                   "also rewrite the report every s seconds (0: only at exit; 5 under vLLM)")
+LOG_INTERVAL = Variable("FXFLOPS_LOG_INTERVAL", _seconds, 0.0,
+                        "log `fxflops stats (graph, size, calls, median_ms, GFLOPs, GFLOP/s)` "
+                        "every s seconds (0: never)")
+PEAK_TFLOPS = Variable("FXFLOPS_PEAK_TFLOPS", _peak, None,
+                       "peak TFLOP/s for MFU and the roofline (overrides the device table)")
+PEAK_GBPS = Variable("FXFLOPS_PEAK_GBPS", _peak, None,
+                     "peak GB/s for bandwidth use and the roofline (overrides the table)")
+WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
+                  "samples kept per (graph, size) for the median and percentiles")
+MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
+                     "sizes kept per graph; calls at further sizes go to its `overflow` row")
+RANK = Variable("FXFLOPS_RANK", _rank, None,
+                "the rank written in the report (else `RANK`, `LOCAL_RANK`, or vLLM's TP rank)")
+DUMP_DIR = Variable("FXFLOPS_DUMP_DIR", _text, None,
+                    "another folder for the annotated graph dumps (vLLM: set to "
+                    "`<debug_dump_path>/rank_*/fxflops`)")
+
+VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
+                                   WINDOW, MAX_SIZES, RANK, DUMP_DIR)
+
+
+def markdown_table() -> str:
+    """The table docs/reference.md shows."""
+    lines = ["| variable | default | effect |", "|---|---|---|"]
+    for v in VARIABLES:
+        default = "unset" if v.default is None else str(v.default)
+        if isinstance(v.default, bool):
+            default = "0"
+        lines.append(f"| `{v.name}` | {default} | {v.doc} |")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""The formula registry: ``op name -> Formula``, the zero-FLOP set, byte overrides.
+
+Modelled on ``torch/utils/flop_counter.py``'s ``register_flop_formula``. Ops are keyed by
+their qualified name (``"aten::mm"``, ``"_C::onednn_mm"``) so that formulas for libraries
+that are not imported (vLLM) can be registered without importing them. The built-in
+formulas live in ``formulas`` (aten) and ``formulas_vllm`` (vLLM's custom ops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch.utils.flop_counter import shape_wrapper
+
+FlopKind = Literal["matmul", "vector"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Formula:
+    """A registered formula: ``fn(*args, out_val=..., **kwargs) -> flops``."""
+
+    fn: Callable[..., Any]
+    kind: FlopKind
+    # Ops whose FLOPs depend on run-time state (vLLM attention: KV lengths) are counted
+    # per call by an integration; the static formula only counts what shapes tell.
+    runtime: str | None = None
+
+
+FORMULAS: dict[str, Formula] = {}
+# Ops that move or reinterpret data but do no arithmetic. Not "uncounted": known to be 0.
+ZERO_FLOP_OPS: set[str] = set()
+# Ops whose bytes are not their tensor arguments' (a weight hidden in a handle, say).
+BYTES_FORMULAS: dict[str, Callable[..., Any]] = {}
+
+
+def op_name(target: Any) -> str:
+    """Qualified name of an op target: ``"aten::mm"`` for ``aten.mm`` and ``aten.mm.default``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._overloadpacket._qualified_op_name
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order::{target.name()}"
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    module = getattr(target, "__module__", None)
+    if name and module:
+        return f"{module}.{name}"
+    return repr(target)
+
+
+def _names(targets: Any) -> list[str]:
+    if isinstance(targets, (list, tuple, set)):
+        return [op_name(t) for t in targets]
+    return [op_name(targets)]
+
+
+def register_formula(
+    targets: Any, *, kind: FlopKind = "vector", get_raw: bool = False, runtime: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a FLOP formula for one or more ops (packets, overloads or ``"ns::name"``).
+
+    Like ``torch.utils.flop_counter.register_flop_formula``: unless ``get_raw``, the formula
+    receives shapes in place of tensors and ``out_shape=`` for the output. ``kind="matmul"``
+    puts the FLOPs in the class MFU is measured on. A later registration replaces an
+    earlier one, so users can override a built-in formula.
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        wrapped = fn if get_raw else shape_wrapper(fn)
+        for name in _names(targets):
+            FORMULAS[name] = Formula(wrapped, kind, runtime)
+            ZERO_FLOP_OPS.discard(name)
+        return fn
+
+    return decorator
+
+
+def register_zero_flop(*targets: Any) -> None:
+    """Declare ops as known zero-FLOP (views, copies, allocation, indexing)."""
+    for t in targets:
+        ZERO_FLOP_OPS.update(_names(t))
+
+
+def register_bytes(targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn(*args, **kwargs) -> bytes`` (raw args) for ops whose tensors lie."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in _names(targets):
+            BYTES_FORMULAS[name] = fn
+        return fn
+
+    return decorator
+
+
+def is_zero_flop(target: Any) -> bool:
+    if isinstance(target, torch._ops.OpOverload) and target.is_view:
+        return True
+    return op_name(target) in ZERO_FLOP_OPS
+
+
+def is_pointwise(target: Any) -> bool:
+    """torch tags its elementwise ops; each costs one FLOP per output element here."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
