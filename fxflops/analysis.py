@@ -132,8 +132,8 @@ class CostAnalysis:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None):
         self.gm = gm
-        self.fake_mode = None
-        self.shape_env = None
+        self.fake_mode: Any = None
+        self.shape_env: Any = None
         if example_inputs is not None and not all(
             _has_val(n) for n in gm.graph.nodes if n.op == "placeholder"
         ):
@@ -204,7 +204,7 @@ class CostAnalysis:
             if node.op != "placeholder":
                 continue
             val = _val(node)
-            sizes = [val] if isinstance(val, torch.SymInt) else (
+            sizes: list[Any] = [val] if isinstance(val, torch.SymInt) else (
                 list(val.shape) if isinstance(val, torch.Tensor) else [])
             for size in sizes:
                 if isinstance(size, torch.SymInt):
@@ -212,7 +212,7 @@ class CostAnalysis:
         return lambda s: (order.get(str(s), len(order)), str(s))
 
     def node_cost(self, node: torch.fx.Node) -> NodeCost:
-        target = node.target
+        target: Any = node.target
         args, kwargs = map_aggregate(node.args, _val), map_aggregate(node.kwargs, _val)
         if target in _AUTO_FUNCTIONALIZED and target is not None:
             target, args, kwargs = args[0], (), {k: v for k, v in kwargs.items()

@@ -27,7 +27,6 @@ from fxflops.analysis import analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
 from fxflops.recording import GraphRecord, recorder
-from fxflops.stats import SizeStats
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ def _qualname(obj: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _resolve_class(name: str) -> type:
+def _resolve_class(name: str) -> Any:
     module, _, qual = name.partition(":")
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):

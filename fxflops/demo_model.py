@@ -7,6 +7,7 @@ the shape of the models people serve, at a size a laptop compiles in seconds.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -101,7 +102,8 @@ class DemoDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         s = input_ids.shape[1]
         t = torch.arange(s, device=input_ids.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)
+        inv_freq = cast(torch.Tensor, self.inv_freq)  # a buffer
+        freqs = torch.outer(t, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
         x = self.embed(input_ids)

@@ -46,8 +46,8 @@ def annotate(lines: list[str], cost: GraphCost, name: str,
     expressions of their size symbols.
     """
     by_name: dict[str, NodeCost] = {n.name: n for n in cost.nodes}
-    flops_total = evaluate(cost.flops, binding) if binding is not None or not cost.symbols \
-        else None
+    flops_total = evaluate(cost.flops, binding or {}) if binding is not None or \
+        not cost.symbols else None
 
     def node_flops(n: NodeCost) -> int | None:
         if binding is None and cost.symbols:

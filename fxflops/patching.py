@@ -51,12 +51,12 @@ def patch_method(owner: Any, name: str, tag: str,
     Returns the :class:`Patch` (``.applied`` is False when the tag was already there).
     """
     original = getattr(owner, name)
-    tags = getattr(original, "_fxflops_tags", frozenset())
+    tags: frozenset[str] = getattr(original, "_fxflops_tags", frozenset())
     if tag in tags:
         return Patch(owner, name, original, None)
     own = owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else original
-    wrapper = make_wrapper(original)
-    wrapper._fxflops_tags = tags | {tag}  # type: ignore[attr-defined]
-    wrapper._fxflops = True  # type: ignore[attr-defined]  (any fxflops wrapper says so)
+    wrapper: Any = make_wrapper(original)
+    wrapper._fxflops_tags = tags | {tag}
+    wrapper._fxflops = True  # any fxflops wrapper says so
     setattr(owner, name, wrapper)
     return Patch(owner, name, own, wrapper)

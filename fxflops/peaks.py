@@ -8,6 +8,7 @@ is no table entry and MFU is only reported when they are set (or measured: ``fxf
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from fxflops import config
 
@@ -71,7 +72,7 @@ def match_device(name: str) -> Peak | None:
     return None
 
 
-def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, float | None]:
+def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, Any]:
     """``{"tflops", "gbps", "source"}`` for this device and dtype; env overrides the table."""
     tflops = gbps = None
     source = "none"

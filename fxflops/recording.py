@@ -45,7 +45,8 @@ class GraphRecord:
         self.dropped_keys: set[Any] = set()  # at most ``max_sizes`` of them are kept
         self.listing: list[str] | None = None  # the graph's source, for per-size dumps
         self.dumped_sizes: set[Any] = set()
-        self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes]
+        self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes
+                                if n.runtime]
         self.runtime_kinds = tuple(sorted({kind for kind, _ in self._runtime_coeffs}))
 
     @property

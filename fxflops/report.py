@@ -74,7 +74,7 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
     bytes_io = cost.bytes_io if cost else 0
-    fig = {
+    fig: dict[str, Any] = {
         "size": row.size, "key": list(row.key), "calls": row.count,
         "total_ms": row.total_ns / 1e6, **pct,
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
@@ -187,7 +187,7 @@ def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for rep in reports:
         p = rep["process"]
-        key = (p.get("host"), p.get("pid"), p.get("rank"))
+        key: tuple[Any, ...] = (p.get("host"), p.get("pid"), p.get("rank"))
         if p.get("pid") is None:
             key = (rep["_path"],)
         old = latest.get(key)

@@ -82,9 +82,9 @@ def parse_size(size: Any) -> tuple[int, ...] | None:
 
 
 def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
-               peak_tflops: float | None, peak_gbps: float | None) -> dict[str, float | None]:
+               peak_tflops: float | None, peak_gbps: float | None) -> dict[str, Any]:
     """Achieved rates, MFU (matmul FLOPs against the peak) and the roofline verdict."""
-    out: dict[str, float | None] = {"tflops": None, "gbps": None, "mfu": None,
+    out: dict[str, Any] = {"tflops": None, "gbps": None, "mfu": None,
                                     "intensity": None, "bound": None, "roofline_ms": None,
                                     "roofline_share": None}
     if bytes_:

@@ -2,13 +2,15 @@
 
     python scripts/gpu_check.py [--quick]
 
-Prints, each with its goal:
+Prints one line per check, with its figure and its goal, and PASS or FAIL:
   1. fxflops' per-call times against hand-placed CUDA events around the same calls (2%);
   2. the overhead per call at a small decode-like size (under 1% of the forward);
   3. per-graph times recorded for CUDA-graph replays (one sample per replay);
-  4. measured bf16 matmul TFLOP/s and copy GB/s, and MFU against the device table;
-  5. a tiny vLLM mode-3 run with FXFLOPS=1, if vLLM with CUDA is importable.
-Without a GPU it says so and exits 0 (nothing to check here).
+  4. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
+  5. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
+     with CUDA is importable; else SKIP).
+Exit status: 0 when every check met its goal, 1 when any missed it or failed, 2 without a
+GPU (nothing was checked).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def compiled_pair(model, example):
     return compiled, captured["ours"]
 
 
-def check_event_agreement(iters: int) -> None:
+def check_event_agreement(iters: int) -> tuple[bool, str]:
     import torch
 
     import fxflops
@@ -79,12 +81,14 @@ def check_event_agreement(iters: int) -> None:
     (row,) = graph.rows.values()
     hand_ms = statistics.median(s.elapsed_time(e) for s, e in hand)
     ours_ms = row.percentiles()["median_ms"]
-    print(f"[1] median per call: fxflops {ours_ms:.4f} ms, hand events {hand_ms:.4f} ms, "
-          f"difference {100 * (ours_ms - hand_ms) / hand_ms:+.2f}% (goal: within 2%); "
-          f"{row.count}/{iters} samples harvested, {ours._timer.dropped} dropped")
+    diff = (ours_ms - hand_ms) / hand_ms
+    return abs(diff) <= 0.02 and row.count == iters, (
+        f"median per call: fxflops {ours_ms:.4f} ms, hand events {hand_ms:.4f} ms, "
+        f"difference {100 * diff:+.2f}% (goal: within 2%, every call harvested); "
+        f"{row.count}/{iters} samples harvested, {ours._timer.dropped} dropped")
 
 
-def check_overhead(iters: int) -> None:
+def check_overhead(iters: int) -> tuple[bool, str]:
     import torch
 
     model = mlp(4096, 4)
@@ -104,11 +108,13 @@ def check_overhead(iters: int) -> None:
         rounds = [(wall(bare, iters), wall(ours, iters)) for _ in range(5)]
     b = min(r[0] for r in rounds)
     o = min(r[1] for r in rounds)
-    print(f"[2] batch-1 forward: bare {b * 1e6:.1f} us, instrumented {o * 1e6:.1f} us, "
-          f"overhead {(o - b) * 1e6:.2f} us = {100 * (o - b) / b:.2f}% (goal: under 1%)")
+    share = (o - b) / b
+    return share < 0.01, (f"batch-1 forward: bare {b * 1e6:.1f} us, instrumented "
+                           f"{o * 1e6:.1f} us, overhead {(o - b) * 1e6:.2f} us = "
+                           f"{100 * share:.2f}% (goal: under 1%)")
 
 
-def check_cuda_graph_replays(replays: int) -> None:
+def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
     import torch
 
     import fxflops
@@ -133,11 +139,13 @@ def check_cuda_graph_replays(replays: int) -> None:
     rows = list(graph_record.rows.values())
     samples = sum(r.count for r in rows)
     med = rows[0].percentiles()["median_ms"] if rows else float("nan")
-    print(f"[3] CUDA-graph replays: {replays} replays, {samples} per-graph samples recorded "
-          f"(median {med:.4f} ms; {capture_registry().missed} missed)")
+    return samples == replays and med > 0, (
+        f"CUDA-graph replays: {replays} replays, {samples} per-graph samples recorded "
+        f"(median {med:.4f} ms; {capture_registry().missed} missed) (goal: one sample per "
+        "replay)")
 
 
-def check_peak() -> None:
+def check_peak() -> tuple[bool, str]:
     import torch
 
     from fxflops.cli.peak import measure
@@ -146,12 +154,16 @@ def check_peak() -> None:
     name = torch.cuda.get_device_name()
     table = current_peak(name, "bf16")
     tflops, gbps = measure("cuda", "bf16", 8192)
-    mfu = f"{tflops / table['tflops']:.1%}" if table["tflops"] else "-"
-    print(f"[4] {name}: bf16 matmul {tflops:.1f} TFLOP/s (table {table['tflops']}, MFU {mfu}), "
-          f"copy {gbps:.0f} GB/s (table {table['gbps']})")
+    if not table["tflops"] or not table["gbps"]:
+        return False, f"{name}: not in the device table (bf16 {tflops:.1f} TFLOP/s measured)"
+    mfu, bw = tflops / table["tflops"], gbps / table["gbps"]
+    return mfu >= 0.5 and bw >= 0.5, (
+        f"{name}: bf16 matmul {tflops:.1f} TFLOP/s = {mfu:.1%} of the table's "
+        f"{table['tflops']}, copy {gbps:.0f} GB/s = {bw:.1%} of {table['gbps']} (goal: the "
+        "table's peaks within reach, at least 50% each)")
 
 
-def check_vllm() -> None:
+def check_vllm() -> tuple[bool | None, str]:
     try:
         import torch
         import vllm  # noqa: F401
@@ -159,19 +171,24 @@ def check_vllm() -> None:
         if not torch.cuda.is_available():
             raise ImportError("no CUDA")
     except ImportError as e:
-        print(f"[5] vLLM mode 3: skipped (vLLM with CUDA not importable: {e})")
-        return
+        return None, f"vLLM mode 3: not run (vLLM with CUDA not importable: {e})"
     out = Path(tempfile.mkdtemp(prefix="fxflops-vllm-"))
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--mode", "3",
            "--backend", "inductor"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "FXFLOPS": "1"})
     if proc.returncode != 0:
-        print(f"[5] vLLM mode 3: FAILED\n{proc.stderr[-2000:]}")
-        return
-    report = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "report", str(out)],
-                            capture_output=True, text=True)
-    print("[5] vLLM mode 3 (FXFLOPS=1):\n" + report.stdout)
+        return False, f"vLLM mode 3: the run failed: {proc.stderr[-1500:]}"
+    from fxflops.report import load_reports
+
+    reports = load_reports([out])
+    rows = [r for rep in reports for g in rep["graphs"] for r in g["rows"]]
+    proc_info = reports[0]["process"]
+    pieces = sum(len(rep["graphs"]) for rep in reports)
+    ok = bool(rows) and proc_info.get("device") and proc_info.get("dtype")
+    return bool(ok), (f"vLLM mode 3 (FXFLOPS=1): {pieces} graphs, {len(rows)} rows, device "
+                      f"{proc_info.get('device')}, dtype {proc_info.get('dtype')} (goal: rows, "
+                      "device and dtype)")
 
 
 def main() -> int:
@@ -181,18 +198,24 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; nothing to check")
-        return 0
+        print("gpu_check: no CUDA device here; nothing was checked")
+        return 2
     n = 50 if args.quick else 200
     start = time.perf_counter()
-    for check in (lambda: check_event_agreement(n), lambda: check_overhead(n),
-                  lambda: check_cuda_graph_replays(n), check_peak, check_vllm):
+    checks = [lambda: check_event_agreement(n), lambda: check_overhead(n),
+              lambda: check_cuda_graph_replays(n), check_peak, check_vllm]
+    missed = 0
+    for i, check in enumerate(checks, 1):
         try:
-            check()
+            ok, line = check()
         except Exception as e:  # one failed check must not hide the others' figures
-            print(f"check failed: {type(e).__name__}: {e}")
-    print(f"gpu_check: done in {time.perf_counter() - start:.0f} s")
-    return 0
+            ok, line = False, f"failed: {type(e).__name__}: {e}"
+        verdict = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+        missed += ok is False
+        print(f"[{i}] {verdict} {line}", flush=True)
+    print(f"gpu_check: {len(checks) - missed}/{len(checks)} checks met their goal "
+          f"in {time.perf_counter() - start:.0f} s")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
     compiler interface rather than through the engine.
     """
     monkeypatch.setenv("FXFLOPS", "1")
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
     from vllm.compilation.backends import CompilerManager
     from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
     from vllm.config.utils import Range
@@ -74,7 +75,7 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
 
     def compile_once():
         manager = CompilerManager(cc)
-        manager.initialize_cache(str(tmp_path), disable_cache=False, prefix="")
+        manager.initialize_cache(str(tmp_path / "cache"), disable_cache=False, prefix="")
         fn = manager.compile(captured["gm"], captured["ex"], {}, cc, Range(start=1, end=16),
                              graph_index=0, num_graphs=1)
         manager.save_to_file()
@@ -99,3 +100,48 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
         sizes = {r.size: r for r in g.rows.values()}
         assert set(sizes) == {3, 5}
         assert sizes[5].cost.matmul_flops == 2 * 5 * 32 * 64
+
+    # the same path as every other graph: the process's device and dtype (MFU's peak), and
+    # an annotated dump of each piece
+    report = fxflops.recorder().to_dict()
+    assert report["process"]["device"].startswith("cpu")
+    assert report["process"]["dtype"] == "fp32"
+    dump = tmp_path / "out" / "graphs" / "piece0of1_range_1_16_.py"
+    assert dump.exists() and "# fxflops: graph piece0of1:range[1,16]" in dump.read_text()
+
+
+class _ChangedCompilerManager:
+    """vLLM's CompilerManager.compile as a later vLLM might spell it: arguments renamed,
+    one added, one removed."""
+
+    def compile(self, gm, inputs, inductor_config, cfg, sizes, *, index=0, extra=None):
+        return ("vllm's own result", gm, inputs, sizes, index, extra)
+
+
+def test_wrappers_pass_everything_through_when_vllm_changes(fxflops_log):
+    from fxflops.integrations.vllm import hooks
+
+    with hooks.patch_method(_ChangedCompilerManager, "compile", "piecewise",
+                            lambda original: hooks.passthrough(
+                                original, after=hooks._instrument_piece,
+                                what="piecewise graph")):
+        out = _ChangedCompilerManager().compile("g", [1], {}, "cfg", "r", index=3, extra=4)
+        assert out == ("vllm's own result", "g", [1], "r", 3, 4)  # untouched
+        with pytest.raises(TypeError):  # vLLM's own error for a bad call, not ours
+            _ChangedCompilerManager().compile("g")
+    assert "compile" not in _ChangedCompilerManager.__dict__ or \
+        not getattr(_ChangedCompilerManager.compile, "_fxflops", False)
+    warnings = [r.getMessage() for r in fxflops_log.records]
+    assert len([m for m in warnings if "piecewise graph not instrumented" in m]) == 1
+
+
+def test_forward_wrapper_survives_a_changed_signature(fxflops_log):
+    from fxflops.integrations.vllm import hooks
+
+    class Runner:
+        def _model_forward(self, tokens, *, new_kwarg=None):  # no input_ids/positions
+            return ("forward", tokens, new_kwarg)
+
+    wrapped = hooks._timed_forward(Runner._model_forward)
+    assert wrapped(Runner(), [1, 2], new_kwarg=5) == ("forward", [1, 2], 5)
+    assert fxflops.recorder().forwards == {}

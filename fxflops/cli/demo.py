@@ -9,6 +9,7 @@ import time
 from rich.progress import Progress
 from rich.table import Table
 
+from fxflops import config
 from fxflops.cli.tables import fmt_bytes, fmt_num, make_console
 
 DECODE = [(2, 1), (4, 1), (8, 1), (16, 1)]
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from fxflops.demo_model import DemoConfig, DemoDecoder, sdpa_flops
 
     console = make_console()
-    os.environ.setdefault("FXFLOPS_OUT", args.out)
+    os.environ.setdefault(config.OUT.name, args.out)
     torch.manual_seed(0)
     cfg = DemoConfig(layers=args.layers)
     model = DemoDecoder(cfg).eval()
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]fxflops demo[/]: {cfg.layers}-layer decoder, hidden {cfg.hidden}, "
                   f"GQA {cfg.heads}/{cfg.kv_heads} heads, inner backend {args.inner!r}; "
                   f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    expected: dict[tuple[int, int], int] = {}  # (graph, size key) -> FlopCounterMode count
+    expected: dict[tuple[int, tuple[int, ...]], int] = {}  # (graph, size key) -> FlopCounterMode count
     rec = fxflops.recorder()
     start = time.perf_counter()
     with torch.inference_mode(), Progress(console=console, transient=True) as progress:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         series[r["graph"]].append(r)
     fig, (ax_tp, ax_t, ax_roof) = plt.subplots(1, 3, figsize=(16, 4.8))
     for name, rs in sorted(series.items()):
-        rs.sort(key=tokens)
+        rs.sort(key=lambda r: tokens(r) or 0)
         sizes = [tokens(r) for r in rs]
         ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=name)
         if name != "<forward>":

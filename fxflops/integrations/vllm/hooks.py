@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fxflops import config
 from fxflops.patching import Patch, patch_method
 from fxflops.recording import recorder
 from fxflops.util import warn_once
@@ -147,8 +148,10 @@ def _forward_row(runner: Any, named: dict[str, Any]) -> Any:
     ctx = get_forward_context() if is_forward_context_available() else None
     if ctx is None or ctx.attn_metadata is None:
         return None
-    positions, input_ids = named.get("positions"), named.get("input_ids")
-    tokens = int((positions if positions is not None else input_ids).shape[-1])
+    ids: Any = named.get("positions")
+    if ids is None:
+        ids = named["input_ids"]
+    tokens = int(ids.shape[-1])
     _state.pairs = batch_pairs(runner)
     row = recorder().forward_row(tokens)
     if _state.pairs is not None:
@@ -231,7 +234,7 @@ def note_vllm_config(vllm_config: Any) -> None:
     except Exception:
         path = None
     if path:
-        os.environ["FXFLOPS_DUMP_DIR"] = os.path.join(str(path), "fxflops")
+        os.environ[config.DUMP_DIR.name] = os.path.join(str(path), "fxflops")
 
 
 def install_mode2_backend() -> None:

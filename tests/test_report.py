@@ -1,0 +1,49 @@
+"""Report rows: single and merged rows computed by the same throughput()."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxflops.report import merge_rows
+from fxflops.stats import throughput
+
+
+def _row(rank, flops, matmul, bytes_io, median_ms, calls):
+    return {"rank": rank, "pid": 100 + rank, "graph": "model0", "size": 8, "key": [8],
+            "calls": calls, "total_ms": median_ms * calls, "median_ms": median_ms,
+            "p10_ms": median_ms * 0.9, "p90_ms": median_ms * 1.1, "flops": flops,
+            "matmul_flops": matmul, "runtime_flops": 10, "bytes_io": bytes_io,
+            "bytes_nodes": 2 * bytes_io, "gflops": flops / 1e9}
+
+
+def test_two_ranks_merge_every_figure():
+    peak = {"tflops": 100.0, "gbps": 1000.0, "source": "env"}
+    rank0 = _row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=4.0, calls=10)
+    rank1 = _row(1, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=5.0, calls=10)
+    (m,) = merge_rows([rank0, rank1], peak)
+    assert m["rank"] == "all" and m["ranks"] == 2
+    assert m["calls"] == 20 and m["total_ms"] == 90.0
+    assert m["flops"] == 12e9 and m["matmul_flops"] == 10e9 and m["bytes_io"] == 4e9
+    assert m["bytes_nodes"] == 8e9 and m["runtime_flops"] == 20 and m["gflops"] == 12.0
+    assert m["median_ms"] == 5.0 and m["p90_ms"] == 5.5 and m["p10_ms"] == 4.5  # slowest rank
+    # by hand: 12 GFLOP in 5 ms over two devices of 100 TFLOP/s and 1000 GB/s each
+    assert m["tflops"] == pytest.approx(12e9 / 5e-3 / 1e12)
+    assert m["gbps"] == pytest.approx(4e9 / 5e-3 / 1e9)
+    assert m["mfu"] == pytest.approx(10e9 / 5e-3 / (2 * 100e12))
+    assert m["intensity"] == pytest.approx(3.0)
+    compute_s, memory_s = 12e9 / 200e12, 4e9 / 2000e9
+    assert m["bound"] == "memory" and memory_s > compute_s
+    assert m["roofline_ms"] == pytest.approx(memory_s * 1e3)
+    assert m["roofline_share"] == pytest.approx(memory_s / 5e-3)
+    # and the same function a single row uses, with the devices' peak added up
+    assert {k: m[k] for k in ("tflops", "gbps", "mfu", "intensity", "bound", "roofline_ms",
+                              "roofline_share")} == throughput(12e9, 10e9, 4e9, 5e-3, 200.0,
+                                                               2000.0)
+
+
+def test_two_processes_of_one_rank_add_calls_not_work():
+    a = _row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=4.0, calls=10)
+    b = {**_row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=3.0, calls=5), "pid": 7}
+    (m,) = merge_rows([a, b])
+    assert m["ranks"] == 1 and m["calls"] == 15 and m["flops"] == 6e9
+    assert m["mfu"] is None and m["tflops"] == pytest.approx(6e9 / 4e-3 / 1e12)
