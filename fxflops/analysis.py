@@ -58,7 +58,7 @@ class _OpTally:
 
     def add(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         name = registry.op_name(func)
-        formula = registry.FORMULAS.get(name)
+        formula = registry.formula_for(name)
         is_view = isinstance(func, torch._ops.OpOverload) and func.is_view
         if not is_view and name != "_operator.getitem":
             self.only_views = False
@@ -222,7 +222,7 @@ class CostAnalysis:
             f"method.{target}" if node.op == "call_method" else
             type(self.gm.get_submodule(target)).__name__)
         cost = NodeCost(node.name, name, module=_module_of(node))
-        if name in registry.ZERO_FLOP_OPS:  # known free, whatever its metadata says
+        if registry.is_zero_flop(target if node.op == "call_function" else name):  # known free
             return cost
         returns_nothing = _is_direct_op(target) and not _unwrap_overload(target)._schema.returns
         if (not _has_val(node) and not returns_nothing) or any(

@@ -102,12 +102,29 @@ MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,
                 "the rank written in the report (else `RANK`, `LOCAL_RANK`, or vLLM's TP rank)")
+RUN_ID = Variable("FXFLOPS_RUN_ID", _text, None,
+                  "the run a report belongs to: set by the first fxflops process, inherited by "
+                  "the processes it starts (vLLM's workers); set it to group processes "
+                  "started apart")
 DUMP_DIR = Variable("FXFLOPS_DUMP_DIR", _text, None,
                     "another folder for the annotated graph dumps (vLLM: set to "
                     "`<debug_dump_path>/rank_*/fxflops`)")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, MAX_SIZES, RANK, DUMP_DIR)
+                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR)
+
+
+def run_id() -> str:
+    """This run's id: ``FXFLOPS_RUN_ID``, or a new one, then exported so that the processes
+    this one starts (vLLM's engine and workers) report under the same run."""
+    current = RUN_ID.get()
+    if current is None:
+        import socket
+        import time
+
+        current = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        os.environ[RUN_ID.name] = current
+    return current
 
 
 def markdown_table() -> str:

@@ -132,6 +132,21 @@ class GraphCost:
                 by_dtype[n.dtype] = by_dtype.get(n.dtype, 0) + _sort_key(n.matmul_flops)
         return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
 
+    def fingerprint(self) -> str:
+        """A short hash of the graph's structure and FLOPs: the same model's graph gets the
+        same one in another run (size symbols are named by position, not by Dynamo)."""
+        import hashlib
+
+        canon = {s: sympy.Symbol(f"_s{i}") for i, s in enumerate(self.symbols)}
+
+        def text(c: Count) -> str:
+            return str(c if isinstance(c, int) else c.xreplace(canon))
+
+        ops = sorted((op, r.count) for op, r in self.by_op().items())
+        key = repr((self.num_nodes, len(self.symbols), text(self.flops),
+                    text(self.matmul_flops), ops))
+        return hashlib.sha1(key.encode()).hexdigest()[:12]
+
     @property
     def is_dynamic(self) -> bool:
         return bool(self.symbols)

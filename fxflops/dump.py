@@ -135,15 +135,21 @@ def dump_graph(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
         pass
 
 
+# per-size dumps per graph: the first sizes seen; the symbolic dump covers every other one
+MAX_SIZE_DUMPS = 64
+
+
 def dump_sizes(record: GraphRecord) -> None:
-    """One dump per size seen so far, each written once (called when a report is flushed,
-    never per call)."""
+    """One dump per size seen so far, each written once, for the first ``MAX_SIZE_DUMPS``
+    sizes (called when a report is flushed, never per call)."""
     lines = record.listing
     out = _out_dir()
     if not lines or not out or not record.cost.symbols:
         return
     done = record.dumped_sizes
     for raw_key, row in list(record.rows.items()):
+        if len(done) >= MAX_SIZE_DUMPS:
+            return
         if raw_key in done:
             continue
         binding = dict(zip(record.cost.symbols, row.key))

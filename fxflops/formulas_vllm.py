@@ -93,5 +93,8 @@ def unified_attention_pair_flop(query_shape, key_shape, value_shape, output_shap
     return 2 * q_per_token + 2 * o_per_token
 
 
+# collectives move data between ranks: communication, not compute (zero FLOPs here)
 register_zero_flop("vllm::unified_kv_cache_update",
-                   "vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter")
+                   "vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter",
+                   "_C::shm_allreduce", "_C::shm_gather", "_C::shm_all_gather",
+                   "vllm::outplace_all_reduce", "vllm::inplace_all_reduce")

@@ -19,9 +19,13 @@ from fxflops import config
 from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import CostAt, GraphCost, evaluate
 from fxflops.stats import SizeStats, size_label
-from fxflops.util import forget_warnings
+from fxflops.util import forget_warnings, warn_once
 
 log = logging.getLogger(__name__)
+
+
+# distinct sizes past the cap that are still told apart (to count them; a few MiB at most)
+MAX_DROPPED_KEYS = 65536
 
 
 class GraphRecord:
@@ -42,9 +46,10 @@ class GraphRecord:
         self.max_sizes = config.MAX_SIZES.get()
         # calls at sizes past ``max_sizes``: counted and timed here, not per size
         self.overflow = SizeStats((), "overflow")
-        self.dropped_keys: set[Any] = set()  # at most ``max_sizes`` of them are kept
+        self.dropped_keys: set[Any] = set()  # at most ``MAX_DROPPED_KEYS`` of them
         self.listing: list[str] | None = None  # the graph's source, for per-size dumps
         self.dumped_sizes: set[Any] = set()
+        self.summary: dict[str, Any] | None = None  # the report's part that never changes
         self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes
                                 if n.runtime]
         self.runtime_kinds = tuple(sorted({kind for kind, _ in self._runtime_coeffs}))
@@ -52,7 +57,7 @@ class GraphRecord:
     @property
     def dropped_sizes(self) -> int:
         """Distinct sizes whose calls went to the overflow row (a lower bound past
-        ``max_sizes`` of them)."""
+        ``MAX_DROPPED_KEYS`` of them)."""
         return len(self.dropped_keys)
 
     def new_row(self, raw_key: Any) -> SizeStats:
@@ -61,7 +66,7 @@ class GraphRecord:
         if row is not None:
             return row
         if len(self.rows) >= self.max_sizes:
-            if len(self.dropped_keys) < self.max_sizes:
+            if len(self.dropped_keys) < MAX_DROPPED_KEYS:
                 self.dropped_keys.add(raw_key)
             return self.overflow
         key = self.binder.as_tuple(raw_key)
@@ -100,10 +105,13 @@ class Recorder:
         self.info: dict[str, Any] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._flush_lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._exit_hooked = False
         self.runtime_costers: dict[str, RuntimeCoster] = {}
+        self.run_id = config.run_id()
+        self.started = time.time()
 
     # --- registration (compile time) -------------------------------------------------
 
@@ -170,8 +178,12 @@ class Recorder:
         return os.path.join(out, report_filename(self.info))
 
     def flush(self) -> None:
+        """Write the report to ``$FXFLOPS_OUT`` (and the dumps of sizes new since the last
+        flush). Never raises: a full disk or a bad folder is warned about once."""
         path = self.default_path()
-        if path and self.graphs:
+        if not path or not self.graphs:
+            return
+        with self._flush_lock:
             try:
                 from fxflops.dump import dump_sizes
 
@@ -179,7 +191,9 @@ class Recorder:
                     dump_sizes(g)
                 self.save(path)
             except Exception as e:  # never let reporting break the process
-                log.warning("fxflops: could not write %s: %s", path, e)
+                warn_once(f"flush:{path}:{type(e).__name__}", "fxflops: could not write %s "
+                          "(%s: %s); will try again at the next flush", path,
+                          type(e).__name__, e)
 
     def log_line(self) -> str:
         parts = []
@@ -193,31 +207,87 @@ class Recorder:
     def _start_background(self) -> None:
         if not self._exit_hooked and config.OUT.get():
             self._exit_hooked = True
-            atexit.register(self.flush)
+            atexit.register(_flush_current)
+            _write_on_signals()
         flush_s = config.FLUSH_S.get()
         log_s = config.LOG_INTERVAL.get()
         if self._thread is not None or not (flush_s > 0 or log_s > 0):
             return
-
-        def loop() -> None:
-            period = min(x for x in (flush_s, log_s) if x > 0)
-            last_flush = last_log = time.monotonic()
-            while not self._stopped.wait(period):
-                now = time.monotonic()
-                if flush_s > 0 and now - last_flush >= flush_s:
-                    self.flush()
-                    last_flush = now
-                if log_s > 0 and now - last_log >= log_s:
-                    log.info(self.log_line())
-                    last_log = now
-
-        self._thread = threading.Thread(target=loop, name="fxflops-flush", daemon=True)
+        self._thread = threading.Thread(target=self._background, args=(flush_s, log_s),
+                                        name="fxflops-flush", daemon=True)
         self._thread.start()
 
+    def _background(self, flush_s: float, log_s: float) -> None:
+        """Flush every ``flush_s`` and log every ``log_s`` seconds, at most ``DUTY`` of the
+        time: a flush that took t seconds waits at least t / DUTY before the next, so a
+        report of thousands of sizes is written less often instead of slowing the host."""
+        period = min(x for x in (flush_s, log_s) if x > 0)
+        last_flush = last_log = time.monotonic()
+        gap = flush_s
+        while not self._stopped.wait(period):
+            now = time.monotonic()
+            if flush_s > 0 and now - last_flush >= gap:
+                self.flush()
+                took = time.monotonic() - now
+                last_flush = time.monotonic()
+                gap = max(flush_s, took / _DUTY)
+            if log_s > 0 and now - last_log >= log_s:
+                try:
+                    log.info(self.log_line())
+                except Exception as e:
+                    warn_once("log-line", "fxflops: no periodic log line (%s: %s)",
+                              type(e).__name__, e)
+                last_log = now
 
     def stop(self) -> None:
         """End the background thread (the report is not written again by it)."""
         self._stopped.set()
+
+
+# the share of the time the background thread may spend writing reports
+_DUTY = 0.02
+
+
+def _flush_current() -> None:
+    if _RECORDER is not None:
+        _RECORDER.flush()
+
+
+_SIGNALS_HOOKED = False
+
+
+def _write_on_signals() -> None:
+    """SIGTERM and SIGINT write the report, then do what they did before: the host's or
+    vLLM's handler is called, a default one runs as the default would (the process ends)."""
+    global _SIGNALS_HOOKED
+    if _SIGNALS_HOOKED or threading.current_thread() is not threading.main_thread():
+        return
+    _SIGNALS_HOOKED = True
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN or previous is None:
+                continue  # ignored (or set outside Python): leave it so
+            signal.signal(signum, _chained(signum, previous))
+        except (ValueError, OSError) as e:
+            warn_once(f"signal:{signum}", "fxflops: no report on signal %s (%s)", signum, e)
+
+
+def _chained(signum: int, previous: Any) -> Callable[[int, Any], Any]:
+    import signal
+
+    def handler(sig: int, frame: Any) -> Any:
+        _flush_current()
+        if callable(previous):
+            return previous(sig, frame)
+        # SIG_DFL: restore it and raise the signal again, so the process ends as it would
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return None
+
+    return handler
 
 
 _RECORDER: Recorder | None = None

@@ -97,10 +97,21 @@ def register_bytes(targets: Any) -> Callable[[Callable[..., Any]], Callable[...,
     return decorator
 
 
+def out_of_place(name: str) -> str:
+    """``aten::masked_fill_`` -> ``aten::masked_fill``: an in-place op costs what its
+    out-of-place twin costs."""
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def formula_for(name: str) -> Formula | None:
+    return FORMULAS.get(name) or FORMULAS.get(out_of_place(name))
+
+
 def is_zero_flop(target: Any) -> bool:
     if isinstance(target, torch._ops.OpOverload) and target.is_view:
         return True
-    return op_name(target) in ZERO_FLOP_OPS
+    name = op_name(target)
+    return name in ZERO_FLOP_OPS or out_of_place(name) in ZERO_FLOP_OPS
 
 
 def is_pointwise(target: Any) -> bool:

@@ -68,6 +68,11 @@ def _rollups(rollups: dict[str, Rollup], limit: int = 50) -> list[dict[str, Any]
 
 
 def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
+    """A row's figures; recomputed only when the row changed since they were last made (a
+    flush of thousands of sizes redoes only those that ran since the last one)."""
+    stamp = (row.count, row.runtime_calls, row.cost, peak.get("tflops"), peak.get("gbps"))
+    if row.figures is not None and row.figures[0] == stamp:
+        return row.figures[1]
     pct = row.percentiles()
     runtime_flops = row.runtime_flops / row.runtime_calls if row.runtime_calls else 0
     cost = row.cost
@@ -83,6 +88,7 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     }
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
                           peak.get("tflops"), peak.get("gbps")))
+    row.figures = (stamp, fig)
     return fig
 
 
@@ -103,34 +109,54 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
             for r in sorted_rows(g.all_rows())]
 
 
-def _with_graph_cost(forward_row: SizeStats, rec: Recorder) -> SizeStats:
+def _forward_costs(rec: Recorder) -> None:
     """A whole forward costs what its graphs cost at its size (attention, which runs
     outside piecewise graphs, is added per call from the forward's own run-time count)."""
-    costs = [r.cost for g in rec.graphs for r in g.rows.values()
-             if r.size == forward_row.size and r.cost is not None]
-    forward_row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(4)))
-    return forward_row
-
-
-def build_report(rec: Recorder) -> dict[str, Any]:
-    peak = rec.peak()
-    graphs = []
+    by_size: dict[Any, list[CostAt]] = {}
     for g in rec.graphs:
+        for r in g.rows.values():
+            if r.cost is not None:
+                by_size.setdefault(r.size, []).append(r.cost)
+    for row in rec.forwards.values():
+        costs = by_size.get(row.size, [])
+        row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(4)))
+
+
+def graph_summary(g: GraphRecord) -> dict[str, Any]:
+    """What a report says of a graph apart from its rows (it never changes: made once)."""
+    if g.summary is None:
         c = g.cost
-        graphs.append({
-            "id": g.id, "name": g.name, "nodes": c.num_nodes, "meta": g.meta,
-            "symbols": [str(s) for s in c.symbols],
+        g.summary = {
+            "id": g.id, "name": g.name, "fingerprint": c.fingerprint(), "nodes": c.num_nodes,
+            "meta": g.meta, "symbols": [str(s) for s in c.symbols],
             "flops": _count(c.flops), "matmul_flops": _count(c.matmul_flops),
             "bytes_io": _count(c.bytes_io), "bytes_nodes": _count(c.bytes_nodes),
             "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),
             "by_op": _rollups(c.by_op()), "by_module": _rollups(c.by_module()),
-            "uncounted": c.uncounted, "dropped_sizes": g.dropped_sizes,
-            "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())],
-        })
-    forward = [row_figures(_with_graph_cost(r, rec), peak)
-               for r in sorted_rows(rec.forwards.values())]
-    return {"schema": SCHEMA, "process": process_info(rec.info), "peak": peak,
+            "uncounted": c.uncounted,
+        }
+    return g.summary
+
+
+def build_report(rec: Recorder) -> dict[str, Any]:
+    peak = rec.peak()
+    graphs = [{**graph_summary(g), "dropped_sizes": g.dropped_sizes,
+               "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())]}
+              for g in rec.graphs]
+    _forward_costs(rec)
+    forward = [row_figures(r, peak) for r in sorted_rows(rec.forwards.values())]
+    import hashlib
+
+    model = hashlib.sha1(",".join(sorted(g["fingerprint"] for g in graphs)).encode())
+    run = {"id": rec.run_id, "started": rec.started, "fingerprint": model.hexdigest()[:12]}
+    return {"schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward}
+
+
+def run_id(report: dict[str, Any]) -> str:
+    """The run a report belongs to (reports from before run ids: one run per file)."""
+    run = report.get("run") or {}
+    return str(run.get("id") or report.get("_path", "?"))
 
 
 def write_atomic(data: dict[str, Any], path: str | os.PathLike[str]) -> str:
@@ -140,45 +166,131 @@ def write_atomic(data: dict[str, Any], path: str | os.PathLike[str]) -> str:
 # --- loading ----------------------------------------------------------------------------
 
 
-def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate one report file; a ReportError says in one line what is wrong."""
+# a report of every size of a large piecewise model is tens of MB; past this, it is none
+MAX_REPORT_BYTES = 512 << 20
+
+_NUMBER = (int, float)
+_ROW_FIELDS: dict[str, tuple[type, ...]] = {
+    "size": (int, str), "calls": (int,), "total_ms": _NUMBER, "median_ms": _NUMBER,
+    "p90_ms": _NUMBER, "flops": _NUMBER, "matmul_flops": _NUMBER, "runtime_flops": _NUMBER,
+    "bytes_io": _NUMBER,
+}
+_ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "key": (list,), "p10_ms": _NUMBER, "bytes_nodes": _NUMBER, "gflops": _NUMBER,
+    "tflops": (*_NUMBER, type(None)), "gbps": (*_NUMBER, type(None)),
+    "mfu": (*_NUMBER, type(None)),
+}
+_GRAPH_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "rows": (list,)}
+_GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "meta": (dict,), "symbols": (list,), "uncounted": (dict,), "dropped_sizes": (int,),
+    "fingerprint": (str,), "id": (int,)}
+
+
+def _check(obj: Any, where: str, required: dict[str, tuple[type, ...]],
+           optional: dict[str, tuple[type, ...]]) -> None:
+    if not isinstance(obj, dict):
+        raise ReportError(f"{where}: not an object")
+    for fields, needed in ((required, True), (optional, False)):
+        for field, types in fields.items():
+            if field not in obj:
+                if needed:
+                    raise ReportError(f"{where}: no '{field}'")
+                continue
+            value = obj[field]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise ReportError(f"{where}: '{field}' is {type(value).__name__}, expected "
+                                  + " or ".join(t.__name__ for t in types))
+
+
+def validate(data: Any, where: str) -> None:
+    """Types and required fields of a report, its graphs and rows; one line if wrong."""
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fxflops.report/"):
+        raise ReportError(f"{where}: not an fxflops report (no 'schema': '{SCHEMA}')")
+    if data["schema"] != SCHEMA:
+        raise ReportError(f"{where}: report schema {data['schema']} is not {SCHEMA}")
+    _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
+           {"run": (dict,), "peak": (dict,)})
+    for i, g in enumerate(data["graphs"]):
+        _check(g, f"{where}: graphs[{i}]", _GRAPH_FIELDS, _GRAPH_OPTIONAL)
+        for j, r in enumerate(g["rows"]):
+            _check(r, f"{where}: graphs[{i}].rows[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
+    for j, r in enumerate(data["forward"]):
+        _check(r, f"{where}: forward[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """A JSON file fxflops may read: a regular file, under the size cap, valid JSON."""
     p = Path(path)
     if not p.exists():
         raise ReportError(f"{p}: no such file")
     if p.is_dir():
         raise ReportError(f"{p}: is a folder (pass it to load_reports)")
-    text = p.read_text(errors="replace")
+    if not p.is_file():
+        raise ReportError(f"{p}: not a regular file")
+    with open(p, "rb") as f:
+        raw = f.read(MAX_REPORT_BYTES + 1)
+    if len(raw) > MAX_REPORT_BYTES:
+        raise ReportError(f"{p}: larger than {MAX_REPORT_BYTES >> 20} MiB: not a report")
+    text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise ReportError(f"{p}: empty file")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno}") from None
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fxflops.report/"):
-        raise ReportError(f"{p}: not an fxflops report (no 'schema': '{SCHEMA}')")
-    if data["schema"] != SCHEMA:
-        raise ReportError(f"{p}: report schema {data['schema']} is not {SCHEMA}")
-    for key in ("process", "graphs", "forward"):
-        if key not in data:
-            raise ReportError(f"{p}: report has no '{key}'")
-    data["_path"] = str(p)
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        msg = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "too deep"
+        raise ReportError(f"{p}: not valid JSON (truncated?): {msg}") from None
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate one report file; a ReportError says in one line what is wrong."""
+    data = read_json(path)
+    validate(data, str(path))
+    data["_path"] = str(path)
     return data
 
 
-def load_reports(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-    """Files, or folders of ``*.json`` reports (non-recursive, ``graphs/`` dumps skipped)."""
+def is_export(data: Any) -> bool:
+    """What fxflops writes beside reports that is not one: ``report --json`` rows (a list),
+    or another fxflops schema."""
+    return isinstance(data, list) or (
+        isinstance(data, dict) and str(data.get("schema", "")).startswith("fxflops.")
+        and not str(data["schema"]).startswith("fxflops.report/"))
+
+
+def load_reports(paths: Iterable[str | os.PathLike[str]],
+                 skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Files, or folders of ``*.json`` reports (non-recursive, ``graphs/`` dumps skipped).
+
+    A folder is read file by file: with ``skipped`` given, a bad file in it is listed there
+    (one line each) and the good ones are still returned; without, the first bad one
+    raises. Exports fxflops wrote there (``report --json``) are not reports and are passed
+    over. A file named on its own must be a good report.
+    """
     reports = []
     for path in paths:
         p = Path(path)
-        if p.is_dir():
-            files = sorted(f for f in p.glob("*.json") if not f.name.startswith("."))
-            if not files:
-                raise ReportError(f"{p}: no report files (*.json) in this folder")
-            reports += [load_report(f) for f in files]
-        else:
+        if not p.is_dir():
             reports.append(load_report(p))
+            continue
+        files = sorted(f for f in p.glob("*.json") if not f.name.startswith("."))
+        found = 0
+        for f in files:
+            try:
+                data = read_json(f)
+                if is_export(data):
+                    continue
+                found += 1
+                validate(data, str(f))
+                data["_path"] = str(f)
+                reports.append(data)
+            except ReportError as e:
+                if skipped is None:
+                    raise
+                skipped.append(str(e))
+        if not found:
+            raise ReportError(f"{p}: no report files (*.json) in this folder")
     if not reports:
-        raise ReportError("no reports given")
+        raise ReportError("no readable report among " + ", ".join(map(str, paths)))
     return _latest_per_process(reports)
 
 
@@ -187,7 +299,7 @@ def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for rep in reports:
         p = rep["process"]
-        key: tuple[Any, ...] = (p.get("host"), p.get("pid"), p.get("rank"))
+        key: tuple[Any, ...] = (run_id(rep), p.get("host"), p.get("pid"), p.get("rank"))
         if p.get("pid") is None:
             key = (rep["_path"],)
         old = latest.get(key)
@@ -197,17 +309,22 @@ def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every (graph, size) row of every report, tagged with its rank and process."""
+    """Every (graph, size) row of every report, tagged with its run, rank and process.
+
+    Graphs that share a name in one report are kept apart: the second is ``name#2``.
+    """
     rows = []
     for rep in reports:
         proc = rep["process"]
+        tags = {"run": run_id(rep), "rank": proc.get("rank"), "pid": proc.get("pid")}
+        seen: dict[str, int] = {}
         for g in rep["graphs"]:
+            seen[g["name"]] = seen.get(g["name"], 0) + 1
+            name = g["name"] if seen[g["name"]] == 1 else f"{g['name']}#{seen[g['name']]}"
             for r in g["rows"]:
-                rows.append({"rank": proc.get("rank"), "pid": proc.get("pid"),
-                             "graph": g["name"], **r})
+                rows.append({**tags, "graph": name, "fingerprint": g.get("fingerprint"), **r})
         for r in rep["forward"]:
-            rows.append({"rank": proc.get("rank"), "pid": proc.get("pid"),
-                         "graph": "<forward>", **r})
+            rows.append({**tags, "graph": "<forward>", **r})
     return rows
 
 
@@ -220,9 +337,9 @@ def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
     roofline then come from ``throughput`` as a single row's do, against the peak of all
     the ranks' devices together (``peak`` per device times the number of ranks).
     """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["graph"], str(r["size"])), []).append(r)
+    groups: dict[tuple[Any, str, str], list[dict[str, Any]]] = {}
+    for r in rows:  # never across runs
+        groups.setdefault((r.get("run"), r["graph"], str(r["size"])), []).append(r)
     peak = peak or {}
     merged = []
     for group in groups.values():

@@ -20,7 +20,7 @@ class SizeStats:
     """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
-                 "runtime_flops", "runtime_calls", "runtime_coeff")
+                 "runtime_flops", "runtime_calls", "runtime_coeff", "figures")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -38,6 +38,8 @@ class SizeStats:
         self.runtime_calls = 0
         # FLOPs per (query, key) pair of the graph's run-time-costed ops at this size
         self.runtime_coeff = 0
+        # (what they were made from, the report's figures): see report.row_figures
+        self.figures: tuple[Any, dict[str, Any]] | None = None
 
     def add(self, ns: int) -> None:
         n = self.count

@@ -38,7 +38,8 @@ def test_demo_report_csv_json(demo_out, tmp_path):
     for size in ("2", "16", "2x16", "2x128"):
         assert any(line.split("│")[2:3] and line.split("│")[2].strip() == size
                    for line in proc.stdout.splitlines()), size
-    proc = cli("report", str(demo_out / "demo.json"), "--json", "-")
+    (report,) = demo_out.glob("fxflops-*.json")  # the demo writes one report per run
+    proc = cli("report", str(report), "--json", "-")
     rows = json.loads(proc.stdout)
     assert rows and all(r["flops"] > 0 for r in rows)
     assert cli("report", str(demo_out), "--csv", str(tmp_path / "rows.csv")).returncode == 0
@@ -46,7 +47,8 @@ def test_demo_report_csv_json(demo_out, tmp_path):
 
 
 def test_compare_and_plot(demo_out, tmp_path):
-    proc = cli("compare", str(demo_out / "demo.json"), str(demo_out / "demo.json"))
+    (report,) = demo_out.glob("fxflops-*.json")
+    proc = cli("compare", str(report), str(report))
     assert proc.returncode == 0 and "1.00x" in proc.stdout
     png = tmp_path / "plot.png"
     proc = cli("plot", str(demo_out), "-o", str(png))

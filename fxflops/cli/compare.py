@@ -5,33 +5,64 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, size_order
+from fxflops.report import (
+    ReportError,
+    flat_rows,
+    load_reports,
+    merge_rows,
+    run_id,
+    size_order,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare two runs per graph/forward and size")
     p.add_argument("base", help="report file or folder: the baseline run")
     p.add_argument("new", help="report file or folder: the run to compare")
+    p.add_argument("--force", action="store_true",
+                   help="compare rows whose FLOPs differ (a different model or config)")
     p.set_defaults(func=run)
 
 
 def keyed(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """One run's rows by (graph, size), ranks merged. A graph is known by its fingerprint
+    (its structure and FLOPs) where the report has one, so graphs match across runs
+    whatever Dynamo named them; graphs sharing a name stay apart."""
     reports = load_reports([path])
+    runs = {run_id(r) for r in reports}
+    if len(runs) > 1:
+        raise ReportError(f"{path}: holds {len(runs)} runs; give one run's reports "
+                          "(fxflops report shows which files belong to which)")
     rows = merge_rows(flat_rows(reports), reports[0].get("peak"))
-    return {(r["graph"], str(r["size"])): r for r in rows}
+    return {(r.get("fingerprint") or r["graph"], str(r["size"])): r for r in rows}
 
 
-def compare_rows(base: dict, new: dict) -> list[dict[str, Any]]:
-    if not set(base) & set(new):
+def _static_flops(r: dict[str, Any]) -> int:
+    # run-time FLOPs (vLLM attention) follow the requests' context lengths, not the model
+    return int(r["flops"]) - int(r.get("runtime_flops") or 0)
+
+
+def compare_rows(base: dict, new: dict, force: bool = False) -> list[dict[str, Any]]:
+    common = set(base) & set(new)
+    if not common:
         raise ReportError("the two runs share no (graph, size): nothing to compare "
-                          "(graph names differ? compare whole-forward rows from vLLM runs)")
+                          "(a different model? compare whole-forward rows from vLLM runs)")
+    for key in sorted(common, key=_order):
+        b, n = base[key], new[key]
+        if _static_flops(b) != _static_flops(n) and not force:
+            raise ReportError(
+                f"{b['graph']} at size {key[1]}: FLOPs differ ({_static_flops(b):,} vs "
+                f"{_static_flops(n):,}): not the same model or configuration "
+                "(--force compares anyway)")
     out = []
     for key in sorted(set(base) | set(new), key=_order):
         b, n = base.get(key), new.get(key)
-        row = {"graph": key[0], "size": key[1], "base": b, "new": n, "speedup": None}
+        row = {"graph": (b or n or {}).get("graph", key[0]), "size": key[1], "base": b,
+               "new": n, "speedup": None}
         if b and n and n["median_ms"]:
             row["speedup"] = b["median_ms"] / n["median_ms"]
         out.append(row)
@@ -44,8 +75,8 @@ def _order(key: tuple[str, str]) -> tuple[Any, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = compare_rows(keyed(args.base), keyed(args.new))
-    table = Table(title=f"fxflops compare: base={args.base}  new={args.new}")
+    rows = compare_rows(keyed(args.base), keyed(args.new), args.force)
+    table = Table(title=escape(f"fxflops compare: base={args.base}  new={args.new}"))
     for c in ("graph", "size", "base ms", "new ms", "speedup", "base GFLOPs", "new GFLOPs",
               "base GFLOP/s", "new GFLOP/s"):
         table.add_column(c, justify="left" if c == "graph" else "right")
@@ -64,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             speed = f"[{style}]{sp:.2f}x[/]" if style else f"{sp:.2f}x"
         else:
             speed = "only in base" if n is None else "only in new"
-        table.add_row(r["graph"], r["size"], cell(b, "median_ms"), cell(n, "median_ms"), speed,
+        table.add_row(escape(r["graph"]), r["size"], cell(b, "median_ms"), cell(n, "median_ms"), speed,
                       cell(b, "flops", 1e-9), cell(n, "flops", 1e-9),
                       cell(b, "tflops", 1e3), cell(n, "tflops", 1e3))
     make_console().print(table)

@@ -6,22 +6,35 @@ import argparse
 import os
 import time
 
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
 from fxflops import config
+from fxflops.cli.main import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, make_console
 
 DECODE = [(2, 1), (4, 1), (8, 1), (16, 1)]
 PREFILL = [(2, 16), (2, 32), (2, 64), (2, 128)]
 
 
+def inner_backend(name: str) -> str:
+    from torch._dynamo import list_backends
+
+    known = set(list_backends(exclude_tags=())) - {"fxflops"}
+    if name not in known:
+        raise argparse.ArgumentTypeError(
+            f"unknown backend {name!r} (one of: {', '.join(sorted(known))})")
+    return name
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the built-in Llama-style decoder under backend='fxflops'")
-    p.add_argument("--inner", default="inductor", help="inner backend (inductor, eager)")
-    p.add_argument("--iters", type=int, default=20, help="calls per size")
+    p.add_argument("--inner", default="inductor", type=inner_backend,
+                   help="inner backend: inductor, eager, aot_eager, or any registered name")
+    p.add_argument("--iters", type=positive_int, default=20, help="calls per size")
     p.add_argument("--out", default="fxflops-out", help="folder for the report and graph dumps")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers")
+    p.add_argument("--layers", type=positive_int, default=2, help="decoder layers")
     p.set_defaults(func=run)
 
 
@@ -33,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from fxflops.demo_model import DemoConfig, DemoDecoder, sdpa_flops
 
     console = make_console()
-    os.environ.setdefault(config.OUT.name, args.out)
+    os.environ[config.OUT.name] = args.out  # this run's report and dumps go there
     torch.manual_seed(0)
     cfg = DemoConfig(layers=args.layers)
     model = DemoDecoder(cfg).eval()
@@ -89,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
     for name, r in list(first.cost.by_module(depth=3).items())[:8]:
         mods.add_row(name, str(r.flops), str(r.matmul_flops))
     console.print(mods)
-    rec.flush()  # the per-size graph dumps (and the process's report under FXFLOPS_OUT)
-    path = rec.save(os.path.join(args.out, "demo.json"))  # the same report, by a fixed name
+    rec.flush()  # this run's one report under --out, and the per-size graph dumps
+    path = rec.default_path()
     console.print(f"FlopCounterMode column: torch's count of the same model run eagerly, plus "
                   f"the CPU SDPA FLOPs its registry misses. {'All match.' if ok else 'MISMATCH'}")
-    console.print(f"report: {path}  graphs: {os.path.join(args.out, 'graphs')}/  "
-                  f"({elapsed:.1f} s, compile included)")
+    console.print(escape(f"report: {path}  graphs: {os.path.join(args.out, 'graphs')}/  "
+                         f"({elapsed:.1f} s, compile included)"))
     console.print(f"next: fxflops report {args.out}")
     return 0 if ok else 1
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import time
 
+from fxflops.cli.main import positive_int
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("peak", help="measure achievable matmul TFLOP/s and copy GB/s here")
-    p.add_argument("--n", type=int, default=0, help="matmul size (default: 8192 GPU, 1024 CPU)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 (default: bf16 GPU, fp32 CPU)")
+    p.add_argument("--n", type=positive_int, default=0,
+                   help="matmul size (default: 8192 GPU, 1024 CPU)")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"),
+                   help="default: bf16 on a GPU, fp32 on a CPU")
     p.set_defaults(func=run)
 
 

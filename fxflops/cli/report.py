@@ -9,10 +9,12 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, size_order
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id, size_order
 from fxflops.util import atomic_text
 
 
@@ -24,23 +26,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# shown, but some files given were not reports (each named on stderr)
+EXIT_SKIPPED = 3
+
 COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
-           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share"]
+           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run"]
 
 
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
     """For whole-forward rows: the share of the forward spent outside compiled graphs.
 
-    Per rank and size: 1 - (sum over graphs of median x calls per forward) / forward median.
+    Per run, rank and size: 1 - (sum over graphs of median x calls per forward) / forward
+    median.
     """
-    graph_time: dict[tuple[Any, str], float] = defaultdict(float)
-    fwd = {(r["rank"], str(r["size"])): r for r in rows if r["graph"] == "<forward>"}
+    graph_time: dict[tuple[Any, ...], float] = defaultdict(float)
+    fwd = {(r.get("run"), r["rank"], str(r["size"])): r for r in rows
+           if r["graph"] == "<forward>"}
     for r in rows:
         if r["graph"] == "<forward>":
             continue
-        f = fwd.get((r["rank"], str(r["size"])))
+        k = (r.get("run"), r["rank"], str(r["size"]))
+        f = fwd.get(k)
         if f and f["calls"]:
-            graph_time[(r["rank"], str(r["size"]))] += r["median_ms"] * r["calls"] / f["calls"]
+            graph_time[k] += r["median_ms"] * r["calls"] / f["calls"]
     for k, f in fwd.items():
         if f["median_ms"] and k in graph_time:
             f["outside_share"] = max(0.0, 1 - graph_time[k] / f["median_ms"])
@@ -48,36 +56,65 @@ def forward_outside_share(rows: list[dict[str, Any]]) -> None:
 
 
 def report_rows(reports: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-    """Every rank's rows, and with several ranks their merged rows too."""
+    """Every rank's rows, and for a run of several ranks their merged rows too (rows of
+    different runs are never merged)."""
     rows = flat_rows(reports)
     if not rows:
         raise ReportError("the reports hold no timed calls (did the compiled model run?)")
     forward_outside_share(rows)
-    ranks = {r["rank"] for r in rows}
-    multi = len(ranks) > 1
+    by_run: dict[Any, set[Any]] = defaultdict(set)
+    for r in rows:
+        by_run[r["run"]].add(r["rank"])
+    multi = any(len(ranks) > 1 for ranks in by_run.values())
     if multi:
-        merged = merge_rows(rows, reports[0].get("peak"))
+        several = [r for r in rows if len(by_run[r["run"]]) > 1]
+        merged = merge_rows(several, reports[0].get("peak"))
         forward_outside_share(merged)
         rows = rows + merged
     return rows, multi
 
 
 def run(args: argparse.Namespace) -> int:
-    reports = load_reports(args.paths)
+    skipped: list[str] = []
+    reports = load_reports(args.paths, skipped)
+    for line in skipped:
+        print(f"fxflops report: skipped {line}", file=sys.stderr)
     rows, multi = report_rows(reports)
     if args.json:
         _write(args.json, json.dumps(rows, indent=1, default=str))
     if args.csv:
         _write_csv(args.csv, rows)
     if args.json == "-" or args.csv == "-":
-        return 0
+        return EXIT_SKIPPED if skipped else 0
     console = make_console()
-    peak = reports[0].get("peak", {})
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rep in reports:
+        runs[run_id(rep)].append(rep)
+    if len(runs) > 1:
+        console.print(f"{len(runs)} runs: each is shown on its own, never added to another")
+    for run_name, run_reports in sorted(runs.items(), key=lambda kv: _started(kv[1])):
+        _print_run(console, run_name, run_reports, [r for r in rows if r["run"] == run_name],
+                   multi)
+    if skipped:
+        console.print(f"[yellow]{len(skipped)} file(s) skipped (listed on stderr)")
+        return EXIT_SKIPPED
+    return 0
+
+
+def _started(reports: list[dict[str, Any]]) -> float:
+    return min(float((r.get("run") or {}).get("started") or 0) for r in reports)
+
+
+def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
+               rows: list[dict[str, Any]], multi: bool) -> None:
+    peak = reports[0].get("peak") or {}
     procs = ", ".join(sorted({f"rank {r['process'].get('rank')}" if r['process'].get('rank')
-                              is not None else f"pid {r['process']['pid']}" for r in reports}))
-    table = Table(title=f"fxflops: {len(reports)} report(s) ({procs}); peak: "
-                  f"{peak.get('tflops') or '-'} TFLOP/s, {peak.get('gbps') or '-'} GB/s "
-                  f"[{peak.get('source')}]")
+                              is not None else f"pid {r['process'].get('pid')}"
+                              for r in reports}))
+    table = Table(title=escape(
+        f"fxflops: run {run_name}: {len(reports)} report(s) ({procs}); peak: "
+        f"{peak.get('tflops') or '-'} TFLOP/s, {peak.get('gbps') or '-'} GB/s "
+        f"[{peak.get('source')}]"))
     cols = (["rank"] if multi else []) + ["graph", "size", "calls", "median ms", "p90 ms",
                                           "GFLOPs", "GFLOP/s", "GB/s", "MFU", "bound",
                                           "outside graphs"]
@@ -90,17 +127,20 @@ def run(args: argparse.Namespace) -> int:
                   fmt_num((r.get("tflops") or 0) * 1e3), fmt_num(r.get("gbps")),
                   fmt_pct(r.get("mfu")), r.get("bound") or "-",
                   fmt_pct(r.get("outside_share"))]
-        table.add_row(*cells)
+        table.add_row(*map(escape, cells))
     console.print(table)
     for rep in reports:
         for g in rep["graphs"]:
-            if g["uncounted"]:
-                console.print(f"[yellow]{g['name']}: uncounted ops (0 FLOPs): "
-                              + ", ".join(f"{k} x{v}" for k, v in g["uncounted"].items()))
+            if g.get("uncounted"):
+                console.print("[yellow]" + escape(f"{g['name']}: uncounted ops (0 FLOPs): " + ", ".join(
+                    f"{k} x{v}" for k, v in g["uncounted"].items())))
+            if g.get("dropped_sizes"):
+                console.print("[yellow]" + escape(
+                    f"{g['name']}: {g['dropped_sizes']} sizes past FXFLOPS_MAX_SIZES: their "
+                    "calls are in its 'overflow' row"))
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")
-    return 0
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:

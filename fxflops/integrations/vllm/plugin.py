@@ -30,6 +30,7 @@ def enabled() -> bool:
 def register() -> None:
     """Entry point: vLLM calls this in every process."""
     try:
+        config.run_id()  # set before vLLM starts its engine and workers: they inherit it
         _install_backend_name_shim()
         if enabled():
             install()
