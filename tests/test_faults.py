@@ -335,3 +335,11 @@ def test_signal_writes_the_report_and_keeps_the_hosts_behaviour(mode, sig, tmp_p
     (path,) = out.glob("fxflops-*.json")
     rows = fxflops.load_report(path)["graphs"][0]["rows"]
     assert {r["size"]: r["calls"] for r in rows} == {2: 2, 3: 1}
+
+
+def test_peak_source_shows_in_the_report_title(tmp_path, capsys):
+    data = _good_report()
+    data["peak"] = {"tflops": 989.4, "gbps": 4800.0, "source": "table:H200:bf16"}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    code, out, err = cli(capsys, "report", str(tmp_path / "r.json"))
+    assert code == 0 and "[table:H200:bf16]" in " ".join(out.split())

@@ -41,9 +41,20 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("cold")
-    log = run_tiny(out, "--cache", str(cache_dir), "--dump", str(out / "vllm-dump"),
-                   env={"VLLM_LOG_BATCHSIZE_INTERVAL": "0"})
+    log = run_tiny(out, "--cache", str(cache_dir), "--dump", str(out / "vllm-dump"), env=COLD_ENV)
     return out, log
+
+
+# FXFLOPS_WINDOW=0 is a bad value: the run must go on (warned once) with the default window
+COLD_ENV = {"VLLM_LOG_BATCHSIZE_INTERVAL": "0", "FXFLOPS_WINDOW": "0"}
+
+
+def test_bad_environment_value_warns_and_the_run_goes_on(cold):
+    out, log = cold
+    assert "FXFLOPS_WINDOW='0' is not valid" in log and "using the default 512" in log
+    (report,) = load_reports([out])
+    rows = rows_by_size(report)
+    assert rows and all(r["calls"] >= 1 and r["median_ms"] > 0 for r in rows.values())
 
 
 def rows_by_size(report: dict) -> dict:
@@ -107,7 +118,7 @@ def test_whole_forward_agrees_with_vllm_batchsize_log(cold):
 
 def test_mode2_warm_start_loads_the_artifact_and_reports(cold, cache_dir, tmp_path):
     # the same environment as the cold run: vLLM's cache key covers some variables
-    log = run_tiny(tmp_path, "--cache", str(cache_dir), env={"VLLM_LOG_BATCHSIZE_INTERVAL": "0"})
+    log = run_tiny(tmp_path, "--cache", str(cache_dir), env=COLD_ENV)
     # vLLM says it loaded the AOT artifact (not recompiled): a warm start went through
     # InstrumentedGraph.deserialize_compile_artifacts, with no new compile of the model
     assert "Directly load AOT compilation from path" in log
@@ -123,7 +134,9 @@ def test_mode2_warm_start_loads_the_artifact_and_reports(cold, cache_dir, tmp_pa
 
 
 def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
-    run_tiny(tmp_path, "--tp", "2", "--cache", str(tmp_path / "cache"))
+    """Two ranks, and ``examples/vllm_tiny.py --mode 3 --backend fxflops`` as its usage line
+    offers it (on CPU vLLM runs mode 3 as mode 2 with Inductor, instrumented)."""
+    run_tiny(tmp_path, "--tp", "2", "--mode", "3", "--cache", str(tmp_path / "cache"))
     reports = load_reports([tmp_path])
     assert sorted(r["process"]["rank"] for r in reports) == [0, 1]
     assert sorted(p.name.split("-rank")[1] for p in tmp_path.glob("*.json")) == \
@@ -143,6 +156,10 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
     out = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "report", str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "all" in out.stdout
+    # collectives (_C::shm_allreduce) and masks are counted as documented: nothing uncounted
+    assert all(g["uncounted"] == {} for rep in reports for g in rep["graphs"])
+    # one run: both ranks carry the run id their parent process set
+    assert len({rep["run"]["id"] for rep in reports}) == 1
 
 
 def test_second_architecture_qwen2(tmp_path):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import defaultdict
 from math import prod
 from typing import Any
 
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows
+from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id
 from fxflops.stats import parse_size
 
 
@@ -25,14 +26,25 @@ def tokens(row: dict[str, Any]) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'fxflops[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reports = load_reports(args.paths)
-    rows = [r for r in merge_rows(flat_rows(reports), reports[0].get("peak"))
-            if tokens(r) is not None]
+    skipped: list[str] = []
+    reports = load_reports(args.paths, skipped)
+    for line in skipped:
+        print(f"fxflops plot: skipped {line}", file=sys.stderr)
+    runs = {run_id(r) for r in reports}
+    if len(runs) > 1:
+        raise ReportError(f"{len(runs)} runs given: plot one run at a time "
+                          "(fxflops report shows which files belong to which)")
+    merged = merge_rows(flat_rows(reports), reports[0].get("peak"))
+    rows = [r for r in merged if tokens(r) is not None]
+    # calls past FXFLOPS_MAX_SIZES have no one size: said under the figure, not dropped
+    overflow = sum(r["calls"] for r in merged if r["size"] == "overflow")
     if not rows:
         raise ReportError("no rows with a numeric size to plot")
     peak = reports[0].get("peak") or {}
@@ -71,7 +83,11 @@ def run(args: argparse.Namespace) -> int:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     ax_roof.set_yscale("log")
-    fig.tight_layout()
+    if overflow:
+        note = f"+ {overflow:,} calls at sizes past FXFLOPS_MAX_SIZES (overflow rows, not drawn)"
+        fig.text(0.5, 0.005, note, ha="center", fontsize=8, color="darkred")
+        print(note)
+    fig.tight_layout(rect=(0, 0.03 if overflow else 0, 1, 1))
     fig.savefig(args.output, dpi=110)
     print(f"wrote {args.output}")
-    return 0
+    return 3 if skipped else 0

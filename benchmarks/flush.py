@@ -1,0 +1,80 @@
+"""What the periodic report flush costs the host loop, with thousands of sizes seen.
+
+    python benchmarks/flush.py [--sizes 3000] [--seconds 4] [--pairs 5]
+
+A compiled graph (eager inner, one dynamic size) is called over ``--sizes`` sizes in turn.
+Each pair of rounds runs the same loop for the same number of calls twice, once with the
+flush thread at ``FXFLOPS_FLUSH_S=1`` writing the report under a temporary folder and once
+without it (in alternating order); the figure is the median over pairs of the loop's time
+with flushing over its time without (goal: within 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+import torch
+
+import fxflops
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", type=int, default=3000)
+    p.add_argument("--seconds", type=float, default=4.0, help="length of one round")
+    p.add_argument("--pairs", type=int, default=5)
+    args = p.parse_args()
+    out = tempfile.mkdtemp(prefix="fxflops-flush-")
+    os.environ["FXFLOPS_OUT"] = out
+    os.environ.pop("FXFLOPS_FLUSH_S", None)  # the benchmark runs the flush thread itself
+    rec = fxflops.recorder()
+    compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    xs = [torch.zeros(n) for n in range(2, 2 + args.sizes)]
+    for x in xs:  # every size seen once: its row exists
+        compiled(x)
+    rec.flush()  # the first write (every row, the capped per-size dumps) is not steady state
+
+    def loop(calls: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            compiled(xs[i % len(xs)])
+        return time.perf_counter() - t0
+
+    start = time.perf_counter()
+    loop(5 * len(xs))
+    calls = int(args.seconds / ((time.perf_counter() - start) / (5 * len(xs))))
+
+    def with_flushing() -> float:
+        rec._stopped = threading.Event()
+        thread = threading.Thread(target=rec._background, args=(1.0, 0.0), daemon=True)
+        thread.start()
+        try:
+            return loop(calls)
+        finally:
+            rec._stopped.set()
+            thread.join()
+
+    ratios = []
+    for i in range(args.pairs):
+        if i % 2:
+            flushing, plain = with_flushing(), loop(calls)
+        else:
+            plain, flushing = loop(calls), with_flushing()
+        ratios.append(flushing / plain)
+        print(f"pair {i + 1}: {calls:,} calls: without flushing {plain:.3f} s, with "
+              f"FXFLOPS_FLUSH_S=1 {flushing:.3f} s (ratio {flushing / plain:.3f})", flush=True)
+    ratio = statistics.median(ratios)
+    report = os.path.join(out, os.listdir(out)[0]) if os.listdir(out) else None
+    print(f"{args.sizes:,} sizes, flush every 1 s: host loop {100 * (ratio - 1):+.1f}% "
+          f"(median of {args.pairs} pairs; goal: within 5%) "
+          f"{'OK' if ratio <= 1.05 else 'MISSED'}; report {report}")
+
+
+if __name__ == "__main__":
+    main()
