@@ -13,6 +13,39 @@ import os
 import tempfile
 
 
+# tiny configs of the families vLLM serves: hidden 256, 2 layers, 4 heads of 64
+ARCHS: dict[str, dict] = {
+    "llama": {},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+              "intermediate_size": 768, "num_key_value_heads": 1},
+    # mixture of experts: 4 experts, 2 per token
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    # another MoE: routed experts beside a gated shared expert
+    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                  "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "norm_topk_prob": False},
+    # one sliding window for every layer
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                "sliding_window": 64},
+    # alternating local (sliding) and global layers
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+               "head_dim": 64, "sliding_window": 64, "query_pre_attn_scalar": 64,
+               "attn_logit_softcapping": None, "final_logit_softcapping": None,
+               "hidden_activation": "gelu_pytorch_tanh"},
+    # MLA (DeepSeek's real latent sizes: 512 + 64 = 576) with routed and shared experts
+    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                    "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 4,
+                    "num_experts_per_tok": 2, "n_shared_experts": 1,
+                    "moe_intermediate_size": 256, "first_k_dense_replace": 1,
+                    "moe_layer_freq": 1, "topk_method": "greedy", "n_group": 1,
+                    "topk_group": 1, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+                    "norm_topk_prob": False, "rope_scaling": None},
+}
+
+
 def tiny_llama(path: str, arch: str = "llama") -> str:
     """A config-only model folder: vLLM builds it with load_format='dummy'."""
     os.makedirs(path, exist_ok=True)
@@ -23,9 +56,7 @@ def tiny_llama(path: str, arch: str = "llama") -> str:
         "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "hidden_act": "silu",
         "tie_word_embeddings": False,
     }
-    if arch == "qwen2":
-        cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                    "intermediate_size": 768, "num_key_value_heads": 1})
+    cfg.update(ARCHS[arch])
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
@@ -42,6 +73,10 @@ def main() -> None:
     p.add_argument("--dump", default=None, help="vLLM's debug_dump_path (depyf + fxflops dumps)")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--phases", nargs="+", default=None, metavar="LEN[,LEN...]",
+                   help="instead of --prompts: one generate call per phase, with one prompt "
+                        "per length (e.g. 16 160,160: one short request alone, then two long "
+                        "ones decoding together)")
     args = p.parse_args()
     os.environ["FXFLOPS_OUT"] = os.path.abspath(args.out)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -62,10 +97,18 @@ def main() -> None:
               compilation_config={"mode": args.mode, "backend": args.backend,
                                   **({"debug_dump_path": args.dump} if args.dump else {})},
               max_num_seqs=8, seed=0)
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, detokenize=False)
+    if args.phases:
+        for phase in args.phases:
+            lens = [int(n) for n in phase.split(",")]
+            prompts = [{"prompt_token_ids": [(7 * i + j) % 9000 + 10 for j in range(n)]}
+                       for i, n in enumerate(lens)]
+            outs = llm.generate(prompts, params)
+            print("generated", [len(o.outputs[0].token_ids) for o in outs], "for prompts", lens)
+        return
     prompts = [{"prompt_token_ids": list(range(10 + 7 * i, 10 + 7 * i + 12 + 5 * i))}
                for i in range(args.prompts)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=args.tokens, ignore_eos=True,
-                                                detokenize=False))
+    outs = llm.generate(prompts, params)
     print("generated", [len(o.outputs[0].token_ids) for o in outs])
 
 

@@ -12,6 +12,8 @@ never run.
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from fxflops import formulas, formulas_vllm, registry  # noqa: F401 (they register the built-ins)
 from fxflops.binder import SizeBinder, UnboundSymbolError
-from fxflops.cost import GraphCost, NodeCost, clean_module_path, to_count, total
+from fxflops.cost import GraphCost, NodeCost, RuntimeCost, clean_module_path, to_count, total
 from fxflops.registry import register_bytes, register_formula, register_zero_flop  # noqa: F401
 from fxflops.util import meta_value as _val
 from fxflops.util import warn_once
@@ -46,7 +48,7 @@ _AUTO_FUNCTIONALIZED = {
 class _OpTally:
     """What the ops of one node add up to."""
 
-    __slots__ = ("flops", "matmul_flops", "uncounted", "only_views", "runtime", "runtime_coeff")
+    __slots__ = ("flops", "matmul_flops", "uncounted", "only_views", "runtime", "runtime_cost")
 
     def __init__(self) -> None:
         self.flops: list[Any] = []
@@ -54,7 +56,7 @@ class _OpTally:
         self.uncounted: list[str] = []
         self.only_views = True
         self.runtime: str | None = None
-        self.runtime_coeff: Any = 0
+        self.runtime_cost: RuntimeCost | None = None
 
     def add(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         name = registry.op_name(func)
@@ -65,7 +67,12 @@ class _OpTally:
         if formula is not None:
             flops = formula.fn(*args, out_val=out, **kwargs)
             if formula.runtime:
-                self.runtime, self.runtime_coeff = formula.runtime, flops
+                cost = flops if isinstance(flops, RuntimeCost) else RuntimeCost(flops)
+                self.runtime, self.runtime_cost = formula.runtime, cost
+                if cost.static_flops:
+                    self.flops.append(cost.static_flops)
+                    if formula.kind == "matmul":
+                        self.matmul_flops.append(cost.static_flops)
                 return
             self.flops.append(flops)
             if formula.kind == "matmul":
@@ -169,6 +176,8 @@ class CostAnalysis:
                     bytes_out += _tensor_bytes(map_aggregate(node.args, _val))
                     continue
                 if node.op == "get_attr":
+                    # weights a graph holds as constants (vLLM's) are read like inputs
+                    bytes_in += _tensor_bytes(self._attr_value(node))
                     continue
                 cost = self.node_cost(node)
                 node.meta["fxflops"] = cost
@@ -180,10 +189,12 @@ class CostAnalysis:
                       "as 0 (add one with fxflops.register_formula)", op, n)
         flops = total([n.flops for n in nodes])
         matmul = total([n.matmul_flops for n in nodes])
-        io = total([to_count(b) for b in bytes_in + bytes_out])
+        io = total([to_count(b) for b in bytes_in + bytes_out]
+                   + [n.io_bytes for n in nodes if n.io_bytes != 0])
         node_bytes = total([n.bytes for n in nodes])
         symbols: set[Any] = set()
-        for c in (flops, matmul, io, node_bytes, *[n.runtime_coeff for n in nodes]):
+        for c in (flops, matmul, io, node_bytes, *[n.runtime_coeff for n in nodes],
+                  *[n.runtime_bytes for n in nodes]):
             if not isinstance(c, int):
                 symbols |= c.free_symbols
         ordered = tuple(sorted(symbols, key=self._appearance_order()))
@@ -196,6 +207,18 @@ class CostAnalysis:
             symbols=ordered, nodes=nodes, uncounted=dict(uncounted),
             num_nodes=len(self.gm.graph.nodes), binder=binder,
         )
+
+    def _attr_value(self, node: torch.fx.Node) -> Any:
+        value = _val(node)
+        if value is None:
+            try:
+                value = self.gm.get_parameter(str(node.target))
+            except AttributeError:
+                try:
+                    value = self.gm.get_buffer(str(node.target))
+                except AttributeError:
+                    value = None
+        return value
 
     def _appearance_order(self) -> Any:
         """Symbols in the order the inputs show them (batch before sequence, usually)."""
@@ -239,6 +262,9 @@ class CostAnalysis:
                 tally.add(overload, args, kwargs, _val(node))
             else:
                 self._fake_run(node, target, args, kwargs, tally)
+            io_bytes = registry.IO_BYTES.get(name)
+            if io_bytes is not None:
+                cost.io_bytes = to_count(io_bytes(*args, **kwargs))
             explicit = registry.BYTES_FORMULAS.get(name)
             if explicit is not None:
                 node_bytes = explicit(*args, **kwargs)
@@ -255,12 +281,15 @@ class CostAnalysis:
         cost.matmul_flops = total([to_count(f) for f in tally.matmul_flops])
         cost.bytes = to_count(node_bytes)
         if tally.matmul_flops:
-            first = next((t for t in tree_flatten((args, kwargs))[0]
+            first = next((t for t in tree_flatten((_read_args(target, args), kwargs))[0]
                           if isinstance(t, torch.Tensor)), None)
             cost.dtype = str(first.dtype) if first is not None else None
         cost.uncounted = tuple(tally.uncounted)
-        if tally.runtime:
-            cost.runtime, cost.runtime_coeff = tally.runtime, to_count(tally.runtime_coeff)
+        if tally.runtime and tally.runtime_cost is not None:
+            rc = tally.runtime_cost
+            cost.runtime, cost.runtime_coeff = tally.runtime, to_count(rc.flops_per_pair)
+            cost.runtime_bytes = to_count(rc.bytes_per_context_token)
+            cost.runtime_layer = rc.layer
         return cost
 
     def _fake_run(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any,
@@ -306,11 +335,37 @@ def _positional(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[A
     return tuple(args), kwargs
 
 
+def _read_args(target: Any, args: Sequence[Any]) -> Sequence[Any]:
+    """The arguments an op reads: out-variant ops (``_C::onednn_mm(c!, a, ...)``) write their
+    first ones. A matmul's dtype, which MFU's peak follows, is its first input's."""
+    if not _is_direct_op(target):
+        return args
+    schema = _unwrap_overload(target)._schema.arguments
+    return [a for i, a in enumerate(args)
+            if i >= len(schema) or schema[i].alias_info is None
+            or not schema[i].alias_info.is_write]
+
+
 def _unwrap_overload(target: Any) -> Any:
     if isinstance(target, torch._ops.OpOverloadPacket):
         overloads = target.overloads()
         return getattr(target, "default" if "default" in overloads else overloads[0])
     return target
+
+
+@functools.lru_cache(maxsize=1)
+def analysis_version() -> str:
+    """A hash of the code that turns a graph into costs: an artifact analysed by other code
+    (an AOT artifact from vLLM's cache, written before an upgrade) carries stale costs."""
+    import hashlib
+    import inspect
+
+    from fxflops import __version__, cost
+
+    digest = hashlib.sha1(__version__.encode())
+    for module in (sys.modules[__name__], cost, formulas, formulas_vllm, registry):
+        digest.update(inspect.getsource(module).encode())
+    return digest.hexdigest()[:12]
 
 
 def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphCost:

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from fxflops.analysis import analyze
+from fxflops.analysis import analysis_version, analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
-from fxflops.recording import GraphRecord, recorder
+from fxflops.recording import GraphRecord, charge_runtime, recorder
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class GraphPlan:
     cost: GraphCost
     static_size: int | str
     device: str  # "cuda" or "cpu": which clock times the calls
+    analysed_by: str = ""  # analysis_version() of the code that made ``cost``
 
 
 def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphPlan:
@@ -53,7 +54,7 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) 
         meta_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
                            for x in values) else "cpu"
-    return GraphPlan(cost, static_size(gm), device)
+    return GraphPlan(cost, static_size(gm), device, analysis_version())
 
 
 def instrument(compiled: Callable[..., Any], graph_plan: GraphPlan, name: str,
@@ -136,7 +137,7 @@ class InstrumentedGraph(SerializableCallable):
         self._rows = record.rows
         self._key = record.binder.key
         # run-time costers (vLLM attention) of this graph's kinds, looked up once
-        self._costers = tuple(recorder().coster(k) for k in record.runtime_kinds)
+        self._costers = {k: recorder().coster(k) for k in record.runtime_kinds}
         if self._costers or timer is not None:
             # the same object, with a __call__ that does more than read the CPU clock
             self.__class__ = _SpecialGraph
@@ -164,11 +165,8 @@ class InstrumentedGraph(SerializableCallable):
         try:
             key = self._key(args)
             row = self._rows.get(key) or self.record.new_row(key)
-            for coster in self._costers:
-                pairs = coster.pairs()
-                if pairs is not None:
-                    row.runtime_flops += row.runtime_coeff * pairs
-                    row.runtime_calls += 1
+            if self._costers and row.runtime_terms:
+                charge_runtime(row, self._costers)
         except Exception as e:
             return self._give_up(e, args)
         if self._timer is not None:
@@ -227,6 +225,11 @@ class InstrumentedGraph(SerializableCallable):
     def deserialize_compile_artifacts(cls, data: bytes) -> InstrumentedGraph:
         state = pickle.loads(data)
         inner = _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
+        if state["plan"].analysed_by != analysis_version():
+            warn_once("stale-artifact", "fxflops: graph %s was loaded from a compiled artifact "
+                      "that other fxflops code analysed; its FLOPs and bytes may be stale "
+                      "(clear the compile cache, e.g. vLLM's VLLM_CACHE_ROOT, to redo them)",
+                      state["name"])
         return instrument(inner, state["plan"], state["name"], {**state["meta"], "loaded": True})
 
 

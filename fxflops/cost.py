@@ -64,17 +64,33 @@ class NodeCost:
     # ops the node ran that no formula covers (their FLOPs count as 0)
     uncounted: tuple[str, ...] = ()
     # "attention": FLOPs depend on run-time KV lengths; ``runtime_coeff`` is FLOPs per
-    # (query, key) pair, which an integration multiplies by the pairs of each call
+    # (query, key) pair, which an integration multiplies by the pairs of each call, and
+    # ``runtime_bytes`` the KV-cache bytes read per context token; ``runtime_layer`` names
+    # the layer (its sliding window, if any, is looked up at run time)
     runtime: str | None = None
     runtime_coeff: Count = 0
+    runtime_bytes: Count = 0
+    runtime_layer: str | None = None
     # free text: why the node could not be analysed, if it could not
     error: str | None = None
     # dtype of the first tensor input of a matmul node ("torch.bfloat16"): MFU's peak
     dtype: str | None = None
+    # added to the graph's bytes_io for this node (see registry.IO_BYTES)
+    io_bytes: Count = 0
 
     @property
     def vector_flops(self) -> Count:
         return total([self.flops, -1 * self.matmul_flops])
+
+
+class RuntimeCost(NamedTuple):
+    """What a run-time-costed op (attention) returns from its formula instead of FLOPs."""
+
+    flops_per_pair: Any
+    bytes_per_context_token: Any = 0
+    layer: str | None = None
+    # FLOPs the shapes do tell (MLA's up-projection of the latent KV, per token)
+    static_flops: Any = 0
 
 
 class CostAt(NamedTuple):

@@ -18,7 +18,14 @@ import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 from torch.utils.flop_counter import sdpa_flop_count
 
-from fxflops.registry import FORMULAS, Formula, op_name, register_formula, register_zero_flop
+from fxflops.registry import (
+    FORMULAS,
+    Formula,
+    op_name,
+    register_formula,
+    register_io_bytes,
+    register_zero_flop,
+)
 
 # --- matmul class: torch's own registry, verbatim --------------------------------------
 
@@ -117,3 +124,25 @@ register_zero_flop(
 register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtins.getattr", "torch._C._set_grad_enabled",
                    "higher_order::with_effects", "torch.autograd.grad_mode._enter_inference_mode",
                    "torch.autograd.grad_mode._exit_inference_mode", "_operator.setitem")
+
+
+# An embedding reads its tokens' rows of the table, not the table.
+@register_io_bytes([aten.embedding])
+def embedding_io_bytes(weight, indices, *args, **kwargs) -> Any:
+    rows = weight.shape[0]
+    unread = rows - torch.sym_min(indices.numel(), rows)
+    return -unread * weight.shape[1] * weight.element_size()
+
+
+@register_io_bytes(["torch.nn.functional.embedding"])
+def functional_embedding_io_bytes(indices, weight, *args, **kwargs) -> Any:
+    return embedding_io_bytes(weight, indices)
+
+
+# torch's functional collectives (tensor parallelism under torch.compile, vLLM's included):
+# communication, not compute
+register_zero_flop(*[f"{ns}::{op}" for ns in ("_c10d_functional", "c10d_functional")
+                     for op in ("all_reduce", "all_reduce_", "all_reduce_coalesced",
+                                "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
+                                "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+                                "all_to_all_single", "broadcast", "broadcast_", "wait_tensor")])

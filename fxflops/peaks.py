@@ -20,7 +20,9 @@ class Peak:
     gbps: float
 
     def tflops_for(self, dtype: str) -> float | None:
-        return self.tflops.get(dtype) or self.tflops.get("bf16")
+        # int8 tensor cores run at the fp8 rate on Hopper (dense TOPS); else bf16's
+        return (self.tflops.get(dtype) or (self.tflops.get("fp8") if dtype == "int8" else None)
+                or self.tflops.get("bf16"))
 
 
 # name fragments are matched, longest first, against torch.cuda.get_device_name()
@@ -36,15 +38,15 @@ DEVICES: dict[str, Peak] = {
     # NVIDIA H200 datasheet: same SXM compute as H100 SXM, 4.8 TB/s HBM3e.
     "H200": Peak("H200", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7,
                           "fp32": 66.9}, 4800.0),
-    # NVIDIA A100 datasheet: 312 TF bf16/fp16 dense, 156 tf32, 19.5 fp32;
+    # NVIDIA A100 datasheet: 312 TF bf16/fp16 dense, 624 TOPS int8, 156 tf32, 19.5 fp32;
     # 40GB: 1555 GB/s, 80GB SXM: 2039 GB/s.
-    "A100-SXM4-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+    "A100-SXM4-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
                                          "fp32": 19.5}, 1555.0),
-    "A100-PCIE-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+    "A100-PCIE-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
                                          "fp32": 19.5}, 1555.0),
-    "A100 80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+    "A100 80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
                                     "fp32": 19.5}, 2039.0),
-    "A100-SXM4-80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0,
+    "A100-SXM4-80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
                                          "fp32": 19.5}, 2039.0),
     # NVIDIA L4 datasheet: 121 TF bf16/fp16 dense (242 sparse), 242.5 fp8, 30.3 fp32; 300 GB/s.
     "L4": Peak("L4", {"bf16": 121.0, "fp16": 121.0, "fp8": 242.5, "tf32": 60.0,
@@ -62,7 +64,9 @@ DEVICES: dict[str, Peak] = {
 }
 
 DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
-               "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}
+               "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8",
+               "torch.float8_e4m3fnuz": "fp8", "torch.float8_e5m2fnuz": "fp8",
+               "torch.int8": "int8"}
 
 
 def match_device(name: str) -> Peak | None:

@@ -50,9 +50,10 @@ class GraphRecord:
         self.listing: list[str] | None = None  # the graph's source, for per-size dumps
         self.dumped_sizes: set[Any] = set()
         self.summary: dict[str, Any] | None = None  # the report's part that never changes
-        self._runtime_coeffs = [(n.runtime, n.runtime_coeff) for n in cost.runtime_nodes
-                                if n.runtime]
-        self.runtime_kinds = tuple(sorted({kind for kind, _ in self._runtime_coeffs}))
+        # (kind, layer, FLOPs per pair, KV bytes per context token) of each run-time node
+        self._runtime_terms = [(n.runtime, n.runtime_layer, n.runtime_coeff, n.runtime_bytes)
+                               for n in cost.runtime_nodes if n.runtime]
+        self.runtime_kinds = tuple(sorted({t[0] for t in self._runtime_terms}))
 
     @property
     def dropped_sizes(self) -> int:
@@ -74,7 +75,8 @@ class GraphRecord:
         cost = CostAt(*(evaluate(c, binding) for c in (
             self.cost.flops, self.cost.matmul_flops, self.cost.bytes_io, self.cost.bytes_nodes)))
         row = SizeStats(key, size_label(key) if key else self.static_size, cost)
-        row.runtime_coeff = sum(evaluate(c, binding) for _, c in self._runtime_coeffs)
+        row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
+                             for kind, layer, f, b in self._runtime_terms]
         return self.rows.setdefault(raw_key, row)
 
     def all_rows(self) -> list[SizeStats]:
@@ -82,20 +84,51 @@ class GraphRecord:
         return [*self.rows.values(), *([self.overflow] if self.overflow.count else [])]
 
 
-def _no_pairs() -> None:
+def _no_counts(window: int | None) -> None:
+    return None
+
+
+def _no_window(layer: str | None) -> None:
     return None
 
 
 class RuntimeCoster:
-    """A late-bound source of run-time counts of one kind ("attention": the (query, key)
-    pairs of the current call). Graphs hold the object; an integration sets ``pairs``
-    whenever it loads, before or after the graphs were compiled or deserialised."""
+    """A late-bound source of run-time counts of one kind. For "attention": ``counts(window)``
+    gives the current call's (query, key) pairs and KV-cache context tokens with that
+    sliding window (None: none), and ``window_of(layer)`` a layer's window. Graphs hold the
+    object; an integration sets both whenever it loads, before or after the graphs were
+    compiled or deserialised."""
 
-    __slots__ = ("kind", "pairs")
+    __slots__ = ("kind", "counts", "window_of")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.pairs: Callable[[], int | None] = _no_pairs
+        self.counts: Callable[[int | None], tuple[int, int] | None] = _no_counts
+        self.window_of: Callable[[str | None], int | None] = _no_window
+
+
+def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster]) -> None:
+    """Add the current call's run-time FLOPs and bytes to ``row``: per group of layers that
+    share a window, its FLOPs per pair times the call's pairs, and its bytes per context
+    token times the call's context tokens. The groups are made at the row's first call."""
+    groups = row.runtime_groups
+    if groups is None:
+        merged: dict[tuple[str, int | None], list[int]] = {}
+        for kind, layer, flops, bytes_ in row.runtime_terms:
+            key = (kind, costers[kind].window_of(layer))
+            acc = merged.setdefault(key, [0, 0])
+            acc[0] += flops
+            acc[1] += bytes_
+        groups = row.runtime_groups = [(costers[k], w, f, b) for (k, w), (f, b) in merged.items()]
+    counted = False
+    for coster, window, flops, bytes_ in groups:
+        got = coster.counts(window)
+        if got is not None:
+            row.runtime_flops += flops * got[0]
+            row.runtime_bytes += bytes_ * got[1]
+            counted = True
+    if counted:
+        row.runtime_calls += 1
 
 
 class Recorder:

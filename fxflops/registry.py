@@ -34,6 +34,10 @@ FORMULAS: dict[str, Formula] = {}
 ZERO_FLOP_OPS: set[str] = set()
 # Ops whose bytes are not their tensor arguments' (a weight hidden in a handle, say).
 BYTES_FORMULAS: dict[str, Callable[..., Any]] = {}
+# Ops whose reads the graph's inputs misstate: bytes to add to the graph's ``bytes_io``.
+# Negative for a weight read in part (an embedding reads its tokens' rows, a MoE its routed
+# experts); positive for weights an op reads that are no graph input (held in a layer).
+IO_BYTES: dict[str, Callable[..., Any]] = {}
 
 
 def op_name(target: Any) -> str:
@@ -84,6 +88,18 @@ def register_zero_flop(*targets: Any) -> None:
     """Declare ops as known zero-FLOP (views, copies, allocation, indexing)."""
     for t in targets:
         ZERO_FLOP_OPS.update(_names(t))
+
+
+def register_io_bytes(targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn(*args, **kwargs) -> bytes`` (raw args) added to the graph's
+    ``bytes_io`` for each node of the op (negative: inputs it reads only in part)."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in _names(targets):
+            IO_BYTES[name] = fn
+        return fn
+
+    return decorator
 
 
 def register_bytes(targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

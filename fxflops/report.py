@@ -74,15 +74,18 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     if row.figures is not None and row.figures[0] == stamp:
         return row.figures[1]
     pct = row.percentiles()
-    runtime_flops = row.runtime_flops / row.runtime_calls if row.runtime_calls else 0
+    calls = row.runtime_calls
+    runtime_flops = row.runtime_flops / calls if calls else 0
+    runtime_bytes = row.runtime_bytes / calls if calls else 0
     cost = row.cost
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
-    bytes_io = cost.bytes_io if cost else 0
+    bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
     fig: dict[str, Any] = {
         "size": row.size, "key": list(row.key), "calls": row.count,
         "total_ms": row.total_ns / 1e6, **pct,
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
+        "runtime_bytes": int(runtime_bytes),
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
     }

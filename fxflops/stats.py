@@ -20,7 +20,8 @@ class SizeStats:
     """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
-                 "runtime_flops", "runtime_calls", "runtime_coeff", "figures")
+                 "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
+                 "runtime_groups", "figures")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -33,11 +34,15 @@ class SizeStats:
         # preallocated once per size: adding a sample is one store, no growth, no branch
         self.window = array("q", bytes(8 * cap))
         self.cap = cap
-        # FLOPs counted per call from run-time state (vLLM attention), summed over calls
+        # FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
+        # cache read), summed over the calls that counted them
         self.runtime_flops = 0
+        self.runtime_bytes = 0
         self.runtime_calls = 0
-        # FLOPs per (query, key) pair of the graph's run-time-costed ops at this size
-        self.runtime_coeff = 0
+        # (kind, layer, FLOPs per pair, bytes per context token) of the run-time-costed ops
+        # at this size; grouped by sliding window at the first call (recording.charge_runtime)
+        self.runtime_terms: list[tuple[str, str | None, int, int]] = []
+        self.runtime_groups: list[tuple[Any, int | None, int, int]] | None = None
         # (what they were made from, the report's figures): see report.row_figures
         self.figures: tuple[Any, dict[str, Any]] | None = None
 

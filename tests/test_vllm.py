@@ -162,16 +162,6 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
     assert len({rep["run"]["id"] for rep in reports}) == 1
 
 
-def test_second_architecture_qwen2(tmp_path):
-    run_tiny(tmp_path, "--arch", "qwen2", "--cache", str(tmp_path / "cache"))
-    (report,) = load_reports([tmp_path])
-    rows = rows_by_size(report)
-    per_token = dense_matmul_per_token(inter=768, kv_heads=1)
-    for size, r in rows.items():
-        assert r["matmul_flops"] - r["runtime_flops"] == size * per_token
-    assert report["graphs"][0]["uncounted"] == {}
-
-
 def test_vllm_bench_latency_cli_flow(tmp_path):
     """`vllm bench latency -cc '{"mode": 2, "backend": "fxflops"}'`, then `fxflops report`:
     examples/vllm_latency.sh, as a user runs it."""

@@ -3,8 +3,9 @@
 - whole forward: ``GPUModelRunner._model_forward`` (CPU runner included) is timed per
   padded token count, like ``VLLM_LOG_BATCHSIZE_INTERVAL`` but without synchronising
   (CPU clock on CPU; CUDA events on GPU) and with bounded memory;
-- attention: the causal (query, key) pairs of the batch, computed once per forward from the
-  runner's host-side arrays (no device read), feed ``vllm::unified_attention*`` FLOPs;
+- attention: the causal (query, key) pairs and KV-cache tokens of the batch, per sliding
+  window, computed once per forward from the runner's host-side arrays (no device read),
+  feed ``vllm::unified_attention*`` and ``vllm::unified_mla_attention*`` FLOPs and bytes;
 - mode 2: ``CompilationConfig.init_backend``'s backend is wrapped by fxflops;
 - mode 3: ``CompilerManager.compile`` (which both compiles and loads from vLLM's cache)
   returns instrumented piecewise graphs named by piece and compile range.
@@ -22,7 +23,7 @@ from typing import Any
 
 from fxflops import config
 from fxflops.patching import Patch, patch_method
-from fxflops.recording import recorder
+from fxflops.recording import charge_runtime, recorder
 from fxflops.util import warn_once
 
 _state = threading.local()
@@ -93,44 +94,106 @@ def passthrough(original: Callable[..., Any],
     return wrapper
 
 
-def causal_pairs(query_lens: Any, context_lens: Any) -> int:
-    """(query, key) pairs of causal attention, summed over requests.
+def window_pairs(query_lens: Any, context_lens: Any, window: int | None = None) -> int:
+    """(query, key) pairs of causal attention, summed over requests, with a sliding window.
 
     A request with ``q`` new tokens after ``c`` cached ones: new token ``i`` (0-based) sees
-    ``c + i + 1`` keys, so it has ``q * c + q * (q + 1) / 2`` pairs.
+    ``c + i + 1`` keys, at most ``window`` of them. Without a window that is
+    ``q * c + q * (q + 1) / 2`` pairs; with one, the keys seen by tokens ``c + 1 .. c + q``,
+    each capped at the window.
     """
-    total = 0
-    for q, c in zip(query_lens, context_lens):
-        q, c = int(q), int(c)
-        total += q * c + q * (q + 1) // 2
-    return total
+    import numpy as np
+
+    q = np.asarray(query_lens, dtype=np.int64)
+    c = np.asarray(context_lens, dtype=np.int64)
+    full = q * c + q * (q + 1) // 2
+    if window is None:
+        return int(full.sum())
+    lo, hi, w = c + 1, c + q, int(window)
+    partial = (lo + w) * (w - lo + 1) // 2 + (hi - w) * w  # lo <= w < hi
+    pairs = np.where(hi <= w, full, np.where(lo > w, q * w, partial))
+    return int(pairs.sum())
 
 
-def batch_pairs(runner: Any) -> int | None:
-    """Pairs of the batch being run, from host-side arrays only (never a device read)."""
+def causal_pairs(query_lens: Any, context_lens: Any) -> int:
+    """(query, key) pairs of causal attention without a window (see ``window_pairs``)."""
+    return window_pairs(query_lens, context_lens)
+
+
+def context_tokens(query_lens: Any, context_lens: Any, window: int | None = None) -> int:
+    """KV-cache tokens attention reads, summed over requests: each request's context after
+    this step (``c + q``), at most ``window``."""
+    import numpy as np
+
+    total = np.asarray(context_lens, dtype=np.int64) + np.asarray(query_lens, dtype=np.int64)
+    if window is not None:
+        total = np.minimum(total, int(window))
+    return int(total.sum())
+
+
+def batch_lengths(runner: Any) -> tuple[Any, Any]:
+    """(query lengths, cached lengths) per request of the batch being run, from the runner's
+    host-side arrays only (never a device read)."""
     batch = runner.input_batch
     n = int(batch.num_reqs)
-    if n == 0:
-        return 0
     starts = runner.query_start_loc.np[: n + 1]
-    query_lens = starts[1:] - starts[:-1]
-    return causal_pairs(query_lens, batch.num_computed_tokens_cpu[:n])
+    return starts[1:] - starts[:-1], batch.num_computed_tokens_cpu[:n]
 
 
-def attention_coeff(runner: Any) -> int:
-    """FLOPs per pair of all attention layers of this rank: 2*(H*D) for QK^T + 2*(H*D) for PV."""
-    mc, pc = runner.model_config, runner.parallel_config
-    heads = mc.get_num_attention_heads(pc)
-    layers = mc.get_num_layers(pc)
-    return layers * 4 * heads * mc.get_head_size()
+def current_counts(window: int | None) -> tuple[int, int] | None:
+    """The current forward's (pairs, context tokens) with ``window``; computed once per
+    window per forward (a model's layers share one or two windows)."""
+    cache = getattr(_state, "counts", None)
+    if cache is None:
+        return None
+    got = cache.get(window)
+    if got is None:
+        q, c = _state.lengths
+        got = cache[window] = (window_pairs(q, c, window), context_tokens(q, c, window))
+    return got
 
 
-def current_pairs() -> int | None:
-    return getattr(_state, "pairs", None)
+def layer_window(layer: str | None) -> int | None:
+    """A layer's sliding window (None: it attends to the whole context)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if layer is None or not is_forward_context_available():
+        return None
+    module = get_forward_context().no_compile_layers.get(layer)
+    window = getattr(module, "sliding_window", None)
+    return int(window) if window else None
+
+
+def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
+    """("attention", layer name, FLOPs per pair, KV bytes per context token) of every
+    attention layer of this rank, from the layers themselves (whole-forward rows: attention
+    runs outside piecewise graphs). Standard attention: ``2·H·D`` (QK^T) + ``2·H·D_v``
+    (PV) per pair, K and V per context token; MLA: see ``formulas_vllm``."""
+    import torch
+
+    layers = runner.vllm_config.compilation_config.static_forward_context
+    elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
+    terms: list[tuple[str, str | None, int, int]] = []
+    for name, layer in layers.items():
+        heads = getattr(layer, "num_heads", None)
+        if heads is None or not hasattr(layer, "impl"):
+            continue
+        if hasattr(layer, "kv_lora_rank"):  # MLA
+            qk = layer.qk_nope_head_dim + layer.qk_rope_head_dim
+            per_pair = 2 * heads * qk + 2 * heads * layer.v_head_dim
+            per_token = (layer.kv_lora_rank + layer.qk_rope_head_dim) * elem
+        else:
+            d, dv = layer.head_size, getattr(layer, "head_size_v", layer.head_size)
+            per_pair = 2 * heads * d + 2 * heads * dv
+            per_token = layer.num_kv_heads * (d + dv) * elem
+        terms.append(("attention", name, per_pair, per_token))
+    return terms
 
 
 def install_attention_coster() -> None:
-    recorder().coster("attention").pairs = current_pairs
+    coster = recorder().coster("attention")
+    coster.counts = current_counts
+    coster.window_of = layer_window
 
 
 def install_forward_timing() -> None:
@@ -152,13 +215,12 @@ def _forward_row(runner: Any, named: dict[str, Any]) -> Any:
     if ids is None:
         ids = named["input_ids"]
     tokens = int(ids.shape[-1])
-    _state.pairs = batch_pairs(runner)
+    _state.lengths, _state.counts = batch_lengths(runner), {}
     row = recorder().forward_row(tokens)
-    if _state.pairs is not None:
-        if not row.runtime_coeff:
-            row.runtime_coeff = attention_coeff(runner)
-        row.runtime_flops += row.runtime_coeff * _state.pairs
-        row.runtime_calls += 1
+    if not row.runtime_terms:
+        row.runtime_terms = attention_layers(runner)
+    rec = recorder()
+    charge_runtime(row, {"attention": rec.coster("attention")})
     return row
 
 
@@ -183,7 +245,7 @@ def _timed_forward(original: Any) -> Any:
             row.add(time.perf_counter_ns() - t0)
             return out
         finally:
-            _state.pairs = None
+            _state.counts = None
 
     return functools.wraps(original)(_model_forward)
 
