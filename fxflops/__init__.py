@@ -20,6 +20,7 @@ _LAZY = {
     "register_formula": "fxflops.analysis",
     "register_zero_flop": "fxflops.analysis",
     "register_bytes": "fxflops.analysis",
+    "register_io_bytes": "fxflops.analysis",
     "backend": "fxflops.backends",
     "recorder": "fxflops.recording",
     "reset_recorder": "fxflops.recording",
@@ -28,7 +29,8 @@ _LAZY = {
 
 __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
     "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "recorder",
-    "register_bytes", "register_formula", "register_zero_flop", "reset_recorder",
+    "register_bytes", "register_formula", "register_io_bytes", "register_zero_flop",
+    "reset_recorder",
 ]
 
 if TYPE_CHECKING:
@@ -36,7 +38,12 @@ if TYPE_CHECKING:
     from fxflops.backends import backend
     from fxflops.cost import CostAt, GraphCost, NodeCost
     from fxflops.recording import recorder, reset_recorder
-    from fxflops.registry import register_bytes, register_formula, register_zero_flop
+    from fxflops.registry import (
+        register_bytes,
+        register_formula,
+        register_io_bytes,
+        register_zero_flop,
+    )
     from fxflops.report import load_report
 
 

@@ -27,7 +27,12 @@ from torch.utils._pytree import tree_flatten
 from fxflops import formulas, formulas_vllm, registry  # noqa: F401 (they register the built-ins)
 from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import GraphCost, NodeCost, RuntimeCost, clean_module_path, to_count, total
-from fxflops.registry import register_bytes, register_formula, register_zero_flop  # noqa: F401
+from fxflops.registry import (  # noqa: F401 (fxflops.register_* are these)
+    register_bytes,
+    register_formula,
+    register_io_bytes,
+    register_zero_flop,
+)
 from fxflops.util import meta_value as _val
 from fxflops.util import warn_once
 

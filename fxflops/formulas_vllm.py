@@ -116,7 +116,9 @@ def rotary_embedding_flop(positions_shape, query_shape, key_shape, head_size, co
 
 
 def layer_name(value: Any) -> str | None:
-    """vLLM passes a layer's name to its ops as a ``LayerName`` (or, before, a str)."""
+    """vLLM passes a layer's name to its ops as a ``LayerName`` (or, before, a str); in a
+    traced graph's metadata it is wrapped in a fake script object."""
+    value = getattr(value, "real_obj", value)
     value = getattr(value, "value", value)
     return value if isinstance(value, str) else None
 
@@ -273,3 +275,14 @@ def rotary_embedding_io_bytes(positions, query, key, head_size, cos_sin_cache, *
     rows = cos_sin_cache.shape[0]
     unread = rows - torch.sym_min(positions.numel(), rows)
     return -unread * cos_sin_cache.shape[-1] * cos_sin_cache.element_size()
+
+
+@register_io_bytes(["vllm::unified_mla_attention_with_output", "vllm::unified_mla_attention"])
+def unified_mla_attention_io_bytes(q, kv_c_normed, k_pe, output=None, *args, **kwargs) -> Any:
+    """The up-projection of the latent KV (``kv_b_proj``: c -> H·(d_nope + d_v)) is applied
+    inside the op from the layer's weight, which is no graph input: its bytes are added
+    (in the activations' dtype)."""
+    tokens, heads, qk_dim = q.shape[0], q.shape[1], q.shape[-1]
+    nope = qk_dim - k_pe.shape[-1]
+    v_dim = output.numel() // (tokens * heads) if output is not None else nope
+    return kv_c_normed.shape[-1] * heads * (nope + v_dim) * kv_c_normed.element_size()
