@@ -139,6 +139,9 @@ class Recorder:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._flush_lock = threading.RLock()
+        # when the last periodic flush ended, and how long to wait before the next one
+        self._last_flush: float | None = None
+        self._flush_gap = 0.0
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._exit_hooked = False
@@ -255,15 +258,18 @@ class Recorder:
         time: a flush that took t seconds waits at least t / DUTY before the next, so a
         report of thousands of sizes is written less often instead of slowing the host."""
         period = min(x for x in (flush_s, log_s) if x > 0)
-        last_flush = last_log = time.monotonic()
-        gap = flush_s
+        last_log = time.monotonic()
+        if self._last_flush is None:
+            self._last_flush, self._flush_gap = last_log, flush_s
         while not self._stopped.wait(period):
             now = time.monotonic()
-            if flush_s > 0 and now - last_flush >= gap:
+            if flush_s > 0 and now - self._last_flush >= self._flush_gap:
+                started = time.thread_time()
                 self.flush()
-                took = time.monotonic() - now
-                last_flush = time.monotonic()
-                gap = max(flush_s, took / _DUTY)
+                # the flush's own CPU time (not the wall time it spent waiting for the GIL)
+                took = time.thread_time() - started
+                self._last_flush = time.monotonic()
+                self._flush_gap = max(flush_s, took / _DUTY)
             if log_s > 0 and now - last_log >= log_s:
                 try:
                     log.info(self.log_line())
@@ -278,7 +284,7 @@ class Recorder:
 
 
 # the share of the time the background thread may spend writing reports
-_DUTY = 0.02
+_DUTY = 0.01
 
 
 def _flush_current() -> None:
