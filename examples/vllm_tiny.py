@@ -12,7 +12,6 @@ import json
 import os
 import tempfile
 
-
 # tiny configs of the families vLLM serves: hidden 256, 2 layers, 4 heads of 64
 ARCHS: dict[str, dict] = {
     "llama": {},
