@@ -67,7 +67,8 @@ def annotate(lines: list[str], cost: GraphCost, name: str,
                 parts.append("matmul")
             parts.append(_fmt(n.bytes, binding, "B"))
             if n.runtime:
-                parts.append(f"+ {n.runtime} FLOPs at run time ({n.runtime_coeff}/pair)")
+                parts.append(f"+ {n.runtime} at run time: {n.runtime_coeff} FLOP/pair, "
+                             f"{n.runtime_bytes} B/context token")
             if n.uncounted:
                 parts.append("UNCOUNTED: " + ", ".join(n.uncounted))
             if n.module:

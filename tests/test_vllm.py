@@ -160,6 +160,11 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
     assert all(g["uncounted"] == {} for rep in reports for g in rep["graphs"])
     # one run: both ranks carry the run id their parent process set
     assert len({rep["run"]["id"] for rep in reports}) == 1
+    # the one instrumentation path: device, dtype (MFU's peak) and an annotated dump
+    for rep in reports:
+        assert rep["process"]["device"].startswith("cpu") and rep["process"]["dtype"] == "bf16"
+        for g in rep["graphs"]:
+            assert (tmp_path / "graphs" / f"{g['name']}.py").exists()
 
 
 def test_vllm_bench_latency_cli_flow(tmp_path):
