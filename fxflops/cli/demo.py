@@ -113,4 +113,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _counts(rec) -> dict[tuple[int, tuple[int, ...]], int]:
-    return {(g.id, k): r.count for g in rec.graphs for k, r in g.rows.items()}
+    return {(g.id, r.key): r.count for g in rec.graphs for r in g.rows.values()}
