@@ -151,12 +151,10 @@ def test_decode_flops_and_bytes_agree_with_vllm_perf_model(family, size):
     assert row["bytes_io"] == pytest.approx(read, rel=0.10), (arch, size)
 
 
-def test_dense_static_flops_per_size_by_hand(family):
+def test_dense_static_flops_per_size_by_hand(runs):
     """Qwen2 (GQA with one KV head): every row's static matmul FLOPs, by hand: QKV, O,
     gate_up and down projections of 2 layers, 2 FLOPs a multiply-add."""
-    arch, graph, _ = family
-    if arch != "qwen2":
-        pytest.skip("the hand formula is Qwen2's")
+    graph = runs["qwen2"]
     hidden, inter, heads, kv_heads, head_dim, layers = 256, 768, 4, 1, 64, 2
     per_token = layers * 2 * (hidden * (heads + 2 * kv_heads) * head_dim
                               + heads * head_dim * hidden + 3 * hidden * inter)
