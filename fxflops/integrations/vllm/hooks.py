@@ -235,9 +235,10 @@ def _timed_forward(original: Any) -> Any:
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
             row = None
-        if row is None:
-            return original(*args, **kwargs)
         try:
+            if row is None:  # (a dummy run, or fxflops failed): counts nothing either
+                _state.counts = None
+                return original(*args, **kwargs)
             if timer is not None:
                 return timer.time_call(lambda: original(*args, **kwargs), (), row)
             t0 = time.perf_counter_ns()
