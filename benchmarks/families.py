@@ -40,7 +40,7 @@ def main() -> None:
     import test_vllm_families as fam
     from vllm.v1.metrics.perf import ExecutionContext
 
-    from fxflops.integrations.vllm.hooks import causal_pairs
+    from fxflops.integrations.vllm.hooks import window_pairs
     from fxflops.report import load_reports
 
     print("| family | what it has | decode FLOPs ctx~17 / ~161 | decode bytes ctx~17 / ~161 "
@@ -70,7 +70,7 @@ def main() -> None:
         rest = sum(v for k, v in parts.items()
                    if not k.startswith("unembed") and not k.endswith(("attn_qk", "attn_av")))
         pre = rows[fam.SHORT]
-        causal = attn * causal_pairs([fam.SHORT], [0]) / fam.SHORT ** 2
+        causal = attn * window_pairs([fam.SHORT], [0]) / fam.SHORT ** 2
         uncounted = f" (uncounted: {graph['uncounted']})" if graph["uncounted"] else ""
 
         def pct(x: float) -> str:

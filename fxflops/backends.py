@@ -26,7 +26,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from fxflops.analysis import analysis_version, analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
-from fxflops.recording import GraphRecord, charge_runtime, recorder
+from fxflops.recording import GraphRecord, charge_runtime, coster, recorder
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
@@ -136,9 +136,12 @@ class InstrumentedGraph(SerializableCallable):
         self._timer = timer
         self._rows = record.rows
         self._key = record.binder.key
-        # run-time costers (vLLM attention) of this graph's kinds, looked up once
-        self._costers = {k: recorder().coster(k) for k in record.runtime_kinds}
-        if self._costers or timer is not None:
+        # run-time costs (vLLM attention): their costers exist from now on, wired by an
+        # integration whenever it loads
+        for kind in record.runtime_kinds:
+            coster(kind)
+        self._runtime = bool(record.runtime_kinds)
+        if self._runtime or timer is not None:
             # the same object, with a __call__ that does more than read the CPU clock
             self.__class__ = _SpecialGraph
 
@@ -165,8 +168,8 @@ class InstrumentedGraph(SerializableCallable):
         try:
             key = self._key(args)
             row = self._rows.get(key) or self.record.new_row(key)
-            if self._costers and row.runtime_terms:
-                charge_runtime(row, self._costers)
+            if self._runtime and row.runtime_terms:
+                charge_runtime(row)
         except Exception as e:
             return self._give_up(e, args)
         if self._timer is not None:

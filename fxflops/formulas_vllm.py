@@ -50,21 +50,15 @@ _QUANT_GEMMS_OUT = ["_C::cutlass_scaled_mm", "_C::cutlass_scaled_mm_azp",
                     "_C::cutlass_scaled_fp4_mm", "_C::cutlass_scaled_mm_blockwise"]
 
 
-@register_formula(_QUANT_GEMMS_RETURNING, kind="matmul", get_raw=True)
-def quantized_gemm_flop(a, *args, out_val=None, **kwargs) -> Any:
-    out = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
-    k = a.shape[-1]
-    return 2 * (a.numel() // k) * k * out.shape[-1]
+@register_formula(_QUANT_GEMMS_RETURNING, kind="matmul")
+def quantized_gemm_flop(a_shape, *args, out_shape=None, **kwargs) -> Any:
+    m, k, n = _mm_dims(out_shape, a_shape)
+    return 2 * m * k * n
 
 
-@register_formula(_QUANT_GEMMS_OUT, kind="matmul", get_raw=True)
-def scaled_mm_out_flop(out, a, *args, out_val=None, **kwargs) -> Any:
-    k = a.shape[-1]
-    return 2 * (a.numel() // k) * k * out.shape[-1]
-
-
-@register_formula(["_C::onednn_mm", "_C::onednn_scaled_mm"], kind="matmul")
-def onednn_mm_flop(c_shape, a_shape, *args, out_shape=None, **kwargs) -> Any:
+# out-variant linears: the output is the first argument, the activation the second
+@register_formula(["_C::onednn_mm", "_C::onednn_scaled_mm", *_QUANT_GEMMS_OUT], kind="matmul")
+def out_variant_mm_flop(c_shape, a_shape, *args, out_shape=None, **kwargs) -> Any:
     m, k, n = _mm_dims(c_shape, a_shape)
     return 2 * m * k * n
 

@@ -99,15 +99,27 @@ class RuntimeCoster:
     object; an integration sets both whenever it loads, before or after the graphs were
     compiled or deserialised."""
 
-    __slots__ = ("kind", "counts", "window_of")
+    __slots__ = ("counts", "window_of")
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self) -> None:
         self.counts: Callable[[int | None], tuple[int, int] | None] = _no_counts
         self.window_of: Callable[[str | None], int | None] = _no_window
 
 
-def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster]) -> None:
+# by kind; process-wide (not the recorder's): an integration wires them once, and graphs
+# and recorders made later, a reset one included, find them wired
+COSTERS: dict[str, RuntimeCoster] = {}
+
+
+def coster(kind: str) -> RuntimeCoster:
+    """The run-time coster of ``kind``, made unwired (counting nothing) on first use."""
+    found = COSTERS.get(kind)
+    if found is None:
+        found = COSTERS.setdefault(kind, RuntimeCoster())
+    return found
+
+
+def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) -> None:
     """Add the current call's run-time FLOPs and bytes to ``row``: per group of layers that
     share a window, its FLOPs per pair times the call's pairs, and its bytes per context
     token times the call's context tokens. The groups are made at the row's first call."""
@@ -145,7 +157,6 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._exit_hooked = False
-        self.runtime_costers: dict[str, RuntimeCoster] = {}
         self.run_id = config.run_id()
         self.started = time.time()
 
@@ -160,12 +171,6 @@ class Recorder:
             self.graphs.append(record)
         self._start_background()
         return record
-
-    def coster(self, kind: str) -> RuntimeCoster:
-        coster = self.runtime_costers.get(kind)
-        if coster is None:
-            coster = self.runtime_costers.setdefault(kind, RuntimeCoster(kind))
-        return coster
 
     def forward_row(self, size: int) -> SizeStats:
         row = self.forwards.get(size)

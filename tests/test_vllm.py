@@ -226,7 +226,7 @@ def test_flops_agree_with_vllm_perf_model(cold, tmp_path):
     Attention at decode: perf.py's q·d·Σcontext per layer equals our causal pairs count."""
     from vllm.v1.metrics.perf import ExecutionContext
 
-    from fxflops.integrations.vllm.hooks import causal_pairs
+    from fxflops.integrations.vllm.hooks import window_pairs
 
     (report,) = load_reports([cold[0]])
     perf = vllm_perf_model("llama")
@@ -243,7 +243,7 @@ def test_flops_agree_with_vllm_perf_model(cold, tmp_path):
     ctx.add(1, 18, is_prefill=False)
     parts = perf.get_num_flops_breakdown(ctx)
     coeff = LAYERS * 4 * HEADS * HEAD_DIM
-    assert coeff * causal_pairs([1, 1], [12, 17]) == parts["attn.attn_qk"] + parts["attn.attn_av"]
+    assert coeff * window_pairs([1, 1], [12, 17]) == parts["attn.attn_qk"] + parts["attn.attn_av"]
 
 
 def test_qwen2_dense_flops_agree_with_vllm_perf_model():

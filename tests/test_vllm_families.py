@@ -180,7 +180,7 @@ def test_kv_cache_bytes_follow_the_context(family):
 
 
 def test_prefill_agrees_with_vllm_perf_model_after_the_causal_adjustment(family):
-    from fxflops.integrations.vllm.hooks import causal_pairs
+    from fxflops.integrations.vllm.hooks import window_pairs
 
     arch, graph, perf = family
     row = rows(graph)[SHORT]
@@ -195,5 +195,5 @@ def test_prefill_agrees_with_vllm_perf_model_after_the_causal_adjustment(family)
     static = row["matmul_flops"] - row["runtime_flops"]
     assert static == pytest.approx(rest, rel=0.01), arch
     # perf.py: every query against the whole context, SHORT x SHORT pairs; causal: fewer
-    causal = attention * causal_pairs([SHORT], [0]) / (SHORT * SHORT)
+    causal = attention * window_pairs([SHORT], [0]) / (SHORT * SHORT)
     assert row["runtime_flops"] == pytest.approx(causal, rel=1e-6), arch

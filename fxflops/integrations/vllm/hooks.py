@@ -23,7 +23,7 @@ from typing import Any
 
 from fxflops import config
 from fxflops.patching import Patch, patch_method
-from fxflops.recording import charge_runtime, recorder
+from fxflops.recording import charge_runtime, coster, recorder
 from fxflops.util import warn_once
 
 _state = threading.local()
@@ -115,11 +115,6 @@ def window_pairs(query_lens: Any, context_lens: Any, window: int | None = None) 
     return int(pairs.sum())
 
 
-def causal_pairs(query_lens: Any, context_lens: Any) -> int:
-    """(query, key) pairs of causal attention without a window (see ``window_pairs``)."""
-    return window_pairs(query_lens, context_lens)
-
-
 def context_tokens(query_lens: Any, context_lens: Any, window: int | None = None) -> int:
     """KV-cache tokens attention reads, summed over requests: each request's context after
     this step (``c + q``), at most ``window``."""
@@ -191,9 +186,9 @@ def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
 
 
 def install_attention_coster() -> None:
-    coster = recorder().coster("attention")
-    coster.counts = current_counts
-    coster.window_of = layer_window
+    attention = coster("attention")
+    attention.counts = current_counts
+    attention.window_of = layer_window
 
 
 def install_forward_timing() -> None:
@@ -219,8 +214,7 @@ def _forward_row(runner: Any, named: dict[str, Any]) -> Any:
     row = recorder().forward_row(tokens)
     if not row.runtime_terms:
         row.runtime_terms = attention_layers(runner)
-    rec = recorder()
-    charge_runtime(row, {"attention": rec.coster("attention")})
+    charge_runtime(row)
     return row
 
 
