@@ -142,8 +142,11 @@ def _is_direct_op(target: Any) -> bool:
 class CostAnalysis:
     """Walks a graph once; ``run()`` fills ``node.meta["fxflops"]`` and returns a GraphCost."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
+                 backward: bool = False):
         self.gm = gm
+        # a backward graph of AOTAutograd: its nodes copied from the forward are recomputed
+        self.backward = backward
         self.fake_mode: Any = None
         self.shape_env: Any = None
         if example_inputs is not None and not all(
@@ -185,6 +188,7 @@ class CostAnalysis:
                     bytes_in += _tensor_bytes(self._attr_value(node))
                     continue
                 cost = self.node_cost(node)
+                cost.recomputed = self.backward and _is_recomputed(node)
                 node.meta["fxflops"] = cost
                 nodes.append(cost)
                 for op in cost.uncounted:
@@ -197,6 +201,7 @@ class CostAnalysis:
         io = total([to_count(b) for b in bytes_in + bytes_out]
                    + [n.io_bytes for n in nodes if n.io_bytes != 0])
         node_bytes = total([n.bytes for n in nodes])
+        recomputed = [n for n in nodes if n.recomputed]
         symbols: set[Any] = set()
         for c in (flops, matmul, io, node_bytes, *[n.runtime_coeff for n in nodes],
                   *[n.runtime_bytes for n in nodes]):
@@ -211,6 +216,8 @@ class CostAnalysis:
             flops=flops, matmul_flops=matmul, bytes_io=io, bytes_nodes=node_bytes,
             symbols=ordered, nodes=nodes, uncounted=dict(uncounted),
             num_nodes=len(self.gm.graph.nodes), binder=binder,
+            recomputed_flops=total([n.flops for n in recomputed]),
+            recomputed_matmul_flops=total([n.matmul_flops for n in recomputed]),
         )
 
     def _attr_value(self, node: torch.fx.Node) -> Any:
@@ -312,6 +319,13 @@ class CostAnalysis:
                 torch.func.functional_call(module, fake_state, tuple(args), kwargs)
 
 
+def _is_recomputed(node: torch.fx.Node) -> bool:
+    """A backward graph's node the partitioner took from the forward part of the joint
+    graph (torch/_functorch/partitioners.py tags every joint node "is_forward" or
+    "is_backward"): the forward did it once already."""
+    return node.meta.get("partitioner_tag") == "is_forward"
+
+
 def _fake_mode_of(gm: torch.fx.GraphModule) -> Any:
     """The fake mode of the graph's own example values (not the tracing context's, which
     can be a different one by the time a backend runs)."""
@@ -373,11 +387,13 @@ def analysis_version() -> str:
     return digest.hexdigest()[:12]
 
 
-def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphCost:
+def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
+            backward: bool = False) -> GraphCost:
     """Annotate every node of ``gm`` with ``node.meta["fxflops"]`` and return the totals.
 
     Uses the graph's fake-tensor metadata (``meta["val"]`` / ``meta["example_value"]``);
     graphs without it need ``example_inputs`` (real or fake tensors), from which shapes are
-    propagated on fake tensors.
+    propagated on fake tensors. ``backward``: ``gm`` is an AOTAutograd backward graph, whose
+    nodes copied from the forward count as recomputation.
     """
-    return CostAnalysis(gm, example_inputs).run()
+    return CostAnalysis(gm, example_inputs, backward).run()

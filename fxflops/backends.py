@@ -47,9 +47,11 @@ class GraphPlan:
     analysed_by: str = ""  # analysis_version() of the code that made ``cost``
 
 
-def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> GraphPlan:
-    """Analyse ``gm`` (shapes from its metadata, or propagated from ``example_inputs``)."""
-    cost = analyze(gm, example_inputs)
+def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
+         backward: bool = False) -> GraphPlan:
+    """Analyse ``gm`` (shapes from its metadata, or propagated from ``example_inputs``);
+    ``backward``: an AOTAutograd backward graph (see ``analysis.analyze``)."""
+    cost = analyze(gm, example_inputs, backward=backward)
     values = example_inputs if example_inputs is not None else [
         meta_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
@@ -58,14 +60,20 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) 
 
 
 def instrument(compiled: Callable[..., Any], graph_plan: GraphPlan, name: str,
-               meta: dict[str, Any], gm: torch.fx.GraphModule | None = None) -> InstrumentedGraph:
+               meta: dict[str, Any], gm: torch.fx.GraphModule | None = None, *,
+               boxed: bool = False) -> InstrumentedGraph:
     """Register the graph, note the process's device and dtype (MFU's peak), dump the
-    annotated graph when ``gm`` is given, and wrap ``compiled`` with the right clock."""
+    annotated graph when ``gm`` is given, and wrap ``compiled`` with the right clock.
+
+    ``boxed``: ``compiled`` takes AOTAutograd's boxed calling convention (one list of
+    arguments, which it may clear), and so does the wrapper.
+    """
     record = recorder().register(name, graph_plan.cost, graph_plan.static_size, meta)
     _describe_process(graph_plan)
     if gm is not None:
         _dump(gm, record)
-    return InstrumentedGraph(compiled, record, graph_plan, make_timer(graph_plan.device))
+    return InstrumentedGraph(compiled, record, graph_plan, make_timer(graph_plan.device),
+                             boxed=boxed)
 
 
 def make_timer(device: str) -> CudaEventTimer | None:
@@ -128,8 +136,10 @@ class InstrumentedGraph(SerializableCallable):
     whose instrumentation gave up take ``_call_special``.
     """
 
+    boxed = False
+
     def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
-                 timer: CudaEventTimer | None = None) -> None:
+                 timer: CudaEventTimer | None = None, boxed: bool = False) -> None:
         self.inner = inner
         self.record = record
         self.plan = graph_plan
@@ -141,8 +151,15 @@ class InstrumentedGraph(SerializableCallable):
         for kind in record.runtime_kinds:
             coster(kind)
         self._runtime = bool(record.runtime_kinds)
-        if self._runtime or timer is not None:
-            # the same object, with a __call__ that does more than read the CPU clock
+        special = self._runtime or timer is not None
+        # the same object, with the __call__ it needs (one that does more than read the
+        # CPU clock for a special one)
+        if boxed:
+            # an instance attribute too: torch._dynamo.disable wraps a backward graph in a
+            # function that copies the instance's __dict__, and AOTAutograd reads it there
+            self._boxed_call = True
+            self.__class__ = _BoxedSpecialGraph if special else _BoxedGraph
+        elif special:
             self.__class__ = _SpecialGraph
 
     # --- the hot path -----------------------------------------------------------------
@@ -151,7 +168,7 @@ class InstrumentedGraph(SerializableCallable):
         try:
             row = self._rows[self._key(args)]
         except Exception:  # a new size (KeyError), or something no longer readable
-            return self._call_special(args)
+            return self._call_special(args, args)
         t0 = _now()
         out = self.inner(*args)
         ns = _now() - t0
@@ -162,29 +179,31 @@ class InstrumentedGraph(SerializableCallable):
         row.window[n % row.cap] = ns
         return out
 
-    def _call_special(self, args: Sequence[Any]) -> Any:
+    def _call_special(self, args: Sequence[Any], call_args: Sequence[Any]) -> Any:
         """First call at a size, run-time costs, a GPU: the one place sympy runs (once per
-        new size) and run-time costers are asked."""
+        new size) and run-time costers are asked. ``args``: the graph's arguments, where
+        the size is read; ``call_args``: what the inner callable is called with (the same,
+        or the one boxed list)."""
         try:
             key = self._key(args)
             row = self._rows.get(key) or self.record.new_row(key)
             if self._runtime and row.runtime_terms:
                 charge_runtime(row)
         except Exception as e:
-            return self._give_up(e, args)
+            return self._give_up(e, call_args)
         if self._timer is not None:
-            return self._timer.time_call(self.inner, args, row)
+            return self._timer.time_call(self.inner, call_args, row)
         t0 = _now()
-        out = self.inner(*args)
+        out = self.inner(*call_args)
         row.add(_now() - t0)
         return out
 
-    def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
-        self.__class__ = _UninstrumentedGraph
+    def _give_up(self, error: Exception, call_args: Sequence[Any]) -> Any:
+        self.__class__ = _UninstrumentedBoxedGraph if self.boxed else _UninstrumentedGraph
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s: %s); it runs uninstrumented from now on", self.record.name,
                   type(error).__name__, error)
-        return self.inner(*args)
+        return self.inner(*call_args)
 
     def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
         """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
@@ -197,7 +216,8 @@ class InstrumentedGraph(SerializableCallable):
         # Inductor's and AOTAutograd's callables carry attributes callers may read.
         # ``serialize`` must not leak through: torch would then bundle the inner artifact
         # alone and drop the instrumentation (we are a SerializableCallable ourselves)
-        if name in ("inner", "record", "plan", "serialize") or name.startswith("__"):
+        if name in ("inner", "record", "plan", "serialize", "_boxed_call") \
+                or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -240,7 +260,7 @@ class _SpecialGraph(InstrumentedGraph):
     """An instrumented graph with run-time costs (vLLM attention) or on a GPU."""
 
     def __call__(self, *args: Any) -> Any:
-        return self._call_special(args)
+        return self._call_special(args, args)
 
 
 class _UninstrumentedGraph(InstrumentedGraph):
@@ -248,6 +268,39 @@ class _UninstrumentedGraph(InstrumentedGraph):
 
     def __call__(self, *args: Any) -> Any:
         return self.inner(*args)
+
+
+class _BoxedGraph(InstrumentedGraph):
+    """AOTAutograd's boxed calling convention (``torch._functorch``'s ``_boxed_call``): the
+    arguments come as one list, which the inner callable may clear; the size is read
+    before it runs."""
+
+    boxed = True
+    _boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        try:
+            row = self._rows[self._key(args)]
+        except Exception:
+            return self._call_special(args, (args,))
+        t0 = _now()
+        out = self.inner(args)
+        ns = _now() - t0
+        n = row.count
+        row.count = n + 1
+        row.total_ns += ns
+        row.window[n % row.cap] = ns
+        return out
+
+
+class _BoxedSpecialGraph(_BoxedGraph):
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        return self._call_special(args, (args,))
+
+
+class _UninstrumentedBoxedGraph(_BoxedGraph):
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        return self.inner(args)
 
 
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -272,6 +325,12 @@ class FxflopsBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
         inner_backend = resolve_inner(self.inner)
+        if _needs_grad(gm, example_inputs):
+            if self.inner in _phased_inners():
+                return self._compile_phases(gm, example_inputs, kwargs)
+            warn_once(f"backward:{_inner_name(self.inner)}", "fxflops: inner backend %s: "
+                      "only forward graphs are counted and timed (backward graphs are for "
+                      "inductor, eager and aot_eager)", _inner_name(self.inner))
         graph_plan = None
         try:
             graph_plan = plan(gm)
@@ -286,11 +345,44 @@ class FxflopsBackend:
             return compiled
         try:
             return instrument(compiled, graph_plan, self.name or "graph{index}",
-                              {"inner": _inner_name(self.inner)}, gm)
+                              self._meta(), gm)
         except Exception as e:
             warn_once("wrap", "fxflops: could not instrument (%s: %s); running uninstrumented",
                       type(e).__name__, e)
             return compiled
+
+
+    def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                        kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """A graph that needs gradients: its forward and backward graphs, one level down."""
+        from fxflops.autograd import compile_phases
+
+        # not in a try: what the compile raises is the inner backend's (Dynamo's restarts
+        # among it, which must reach Dynamo); fxflops' own failures are caught inside
+        return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
+                              self._meta(), {**self.options, **kwargs})
+
+
+    def _meta(self) -> dict[str, Any]:
+        """The inner backend, and the Python frame Dynamo compiled: graphs of one frame
+        are its recompiles (another size, a failed guard), which a step runs one of."""
+        meta: dict[str, Any] = {"inner": _inner_name(self.inner)}
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        if compile_id is not None and getattr(compile_id, "frame_id", None) is not None:
+            meta["frame"] = compile_id.frame_id
+        return meta
+
+
+def _needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    from fxflops.autograd import needs_grad
+
+    return needs_grad(gm, example_inputs)
+
+
+def _phased_inners() -> tuple[str, ...]:
+    from fxflops.autograd import PHASED_INNERS
+
+    return PHASED_INNERS
 
 
 def _inner_name(inner: Any) -> str:

@@ -77,6 +77,9 @@ class NodeCost:
     dtype: str | None = None
     # added to the graph's bytes_io for this node (see registry.IO_BYTES)
     io_bytes: Count = 0
+    # a forward node a backward graph runs again (activation checkpointing, or the
+    # partitioner recomputing cheap ops): hardware FLOPs, not model FLOPs
+    recomputed: bool = False
 
     @property
     def vector_flops(self) -> Count:
@@ -100,10 +103,17 @@ class CostAt(NamedTuple):
     matmul_flops: int
     bytes_io: int
     bytes_nodes: int
+    # of ``flops`` and ``matmul_flops``: what the graph recomputes (see NodeCost.recomputed)
+    recomputed_flops: int = 0
+    recomputed_matmul_flops: int = 0
 
     @property
     def vector_flops(self) -> int:
         return self.flops - self.matmul_flops
+
+    @property
+    def model_flops(self) -> int:
+        return self.flops - self.recomputed_flops
 
 
 @dataclasses.dataclass
@@ -121,6 +131,8 @@ class GraphCost:
     ``flops``, ``matmul_flops``, ``bytes_io`` (graph inputs + outputs: what a perfectly fused
     graph must move) and ``bytes_nodes`` (every node's inputs + outputs: the unfused upper
     bound) are ints for static graphs and sympy expressions of ``symbols`` for dynamic ones.
+    ``recomputed_flops`` and ``recomputed_matmul_flops`` are the part of ``flops`` and
+    ``matmul_flops`` a backward graph recomputes: hardware FLOPs, not model FLOPs.
     """
 
     flops: Count
@@ -134,6 +146,8 @@ class GraphCost:
     # where each symbol is read from the graph's arguments (None: some symbol is in no
     # input's shape, so the graph cannot be bound from its arguments)
     binder: SizeBinder | None = None
+    recomputed_flops: Count = 0
+    recomputed_matmul_flops: Count = 0
 
     @property
     def vector_flops(self) -> Count:
@@ -181,6 +195,16 @@ class GraphCost:
             return {s: by_name[str(s)] for s in self.symbols}
         return {s: int(sizes) for s in self.symbols}
 
+    @property
+    def model_flops(self) -> Count:
+        """FLOPs without recomputation (what MFU counts; ``flops`` is what HFU counts)."""
+        return total([self.flops, -1 * self.recomputed_flops])
+
+    def totals(self) -> tuple[Count, ...]:
+        """The fields of a CostAt, in its order, unbound."""
+        return (self.flops, self.matmul_flops, self.bytes_io, self.bytes_nodes,
+                self.recomputed_flops, self.recomputed_matmul_flops)
+
     def at(self, sizes: int | Mapping[Any, int] = 0, *,
            args: Sequence[Any] | None = None) -> CostAt:
         """The cost with the size symbols bound: plain ints.
@@ -193,8 +217,7 @@ class GraphCost:
                 raise ValueError("this graph's size symbols cannot be read from its arguments")
             sizes = dict(zip(self.symbols, self.binder.read(args)))
         b = self.binding(sizes) if self.symbols else {}
-        return CostAt(evaluate(self.flops, b), evaluate(self.matmul_flops, b),
-                      evaluate(self.bytes_io, b), evaluate(self.bytes_nodes, b))
+        return CostAt(*(evaluate(c, b) for c in self.totals()))
 
     def by_op(self) -> dict[str, Rollup]:
         return self._rollup(lambda n: n.op)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
-from torch.utils.flop_counter import sdpa_flop_count
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from fxflops.registry import (
     FORMULAS,
@@ -55,6 +55,13 @@ def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     if len(a_shape) == 2 and len(b_shape) == 2:  # 2D x 2D: K split into groups
         return 2 * a_shape[0] * a_shape[1] * b_shape[1]
     return 2 * prod(out_shape) * a_shape[-1]
+
+
+@register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, kind="matmul")
+def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                           out_shape=None, **kwargs) -> int:
+    """CPU SDPA's backward (training): torch's registry misses it too; its CUDA formula."""
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
 # --- vector class ----------------------------------------------------------------------
@@ -97,6 +104,50 @@ register_formula([aten.max_pool2d_with_indices, aten.max_pool1d, aten.max_pool2d
                   aten.upsample_nearest2d])(per_element(1))
 register_formula([aten.topk, aten.sort, aten.histc, aten.floor_divide, aten.remainder,
                   aten.bucketize])(per_element(1))
+register_formula(["prims::_low_memory_max_pool_with_offsets"])(per_element(1))
+
+# --- backward ops (training graphs) ----------------------------------------------------
+# Elementwise backward ops are tagged pointwise (one FLOP per element, as forward ones);
+# these are not. Counts follow the forward's convention: one per element per step of the
+# formula.
+
+# softmax backward: grad - exp(out) * sum(grad) (log) or out * (grad - sum(grad * out)):
+# a product, a reduction, a subtraction and a product per element
+register_formula([aten._softmax_backward_data, aten._log_softmax_backward_data])(
+    per_element(4))
+# norm backward: x-hat again (2), two reductions (2), the combination (4)
+register_formula([aten.native_layer_norm_backward, aten.native_batch_norm_backward,
+                  aten.native_group_norm_backward, aten._fused_rms_norm_backward])(
+    per_element(8))
+
+
+@register_formula([aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward,
+                   aten.embedding_dense_backward, aten.avg_pool2d_backward,
+                   aten._adaptive_avg_pool2d_backward])
+def grad_scatter_flop(grad_shape, *args, out_shape=None, **kwargs) -> Any:
+    """Gradients summed into their sources: one add per element of the incoming gradient."""
+    return _numel(grad_shape)
+
+
+@register_formula([aten.scatter_add, aten.index_add, aten._unsafe_masked_index_put_accumulate])
+def accumulate_flop(self_shape, *args, out_shape=None, **kwargs) -> Any:
+    """Accumulating scatters: one add per element added (the last tensor argument)."""
+    added = [a for a in args if isinstance(a, torch.Size)]
+    return _numel(added[-1]) if added else 0
+
+
+@register_formula([aten.nll_loss_forward, aten.nll_loss2d_forward])
+def nll_loss_flop(input_shape, target_shape, *args, out_shape=None, **kwargs) -> Any:
+    """Picks one log-probability per target and sums them: one FLOP per target."""
+    return _numel(target_shape)
+
+
+@register_formula([aten.nll_loss_backward, aten.nll_loss2d_backward])
+def nll_loss_backward_flop(grad_shape, input_shape, target_shape, *args, out_shape=None,
+                           **kwargs) -> Any:
+    """Writes -grad (scaled) at one place per target."""
+    return _numel(target_shape)
+
 
 register_zero_flop(
     aten.clone, aten.copy, aten.copy_, aten._to_copy, aten.contiguous, aten.empty,
@@ -119,6 +170,9 @@ register_zero_flop(
     aten.split_with_sizes_copy, aten.unbind_copy, aten.view_copy, aten.expand_copy,
     aten.permute_copy, aten.slice_copy, aten.select_copy, aten.t_copy, aten.squeeze_copy,
     aten.unsqueeze_copy, aten.transpose_copy,
+    # backward of views and index arithmetic: the gradient copied into place
+    aten.slice_backward, aten.select_backward, aten.as_strided_scatter,
+    "prims::iota", "prims::_low_memory_max_pool_offsets_to_indices",
 )
 # Python-level helpers Dynamo leaves in graphs.
 register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtins.getattr", "torch._C._set_grad_enabled",

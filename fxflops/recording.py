@@ -72,8 +72,7 @@ class GraphRecord:
             return self.overflow
         key = self.binder.as_tuple(raw_key)
         binding = dict(zip(self.cost.symbols, key))
-        cost = CostAt(*(evaluate(c, binding) for c in (
-            self.cost.flops, self.cost.matmul_flops, self.cost.bytes_io, self.cost.bytes_nodes)))
+        cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
         row = SizeStats(key, size_label(key) if key else self.static_size, cost)
         row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
                              for kind, layer, f, b in self._runtime_terms]
@@ -171,6 +170,12 @@ class Recorder:
             self.graphs.append(record)
         self._start_background()
         return record
+
+    def reserve_index(self) -> int:
+        """An index no graph of this process has (to name the graphs one Dynamo graph
+        becomes: ``graph3.forward``, ``graph3.backward``)."""
+        with self._lock:
+            return next(self._ids)
 
     def forward_row(self, size: int) -> SizeStats:
         row = self.forwards.get(size)

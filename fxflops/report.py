@@ -88,9 +88,11 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
         "runtime_bytes": int(runtime_bytes),
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
+        "recomputed_flops": cost.recomputed_flops if cost else 0,
+        "recomputed_matmul_flops": cost.recomputed_matmul_flops if cost else 0,
     }
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
-                          peak.get("tflops"), peak.get("gbps")))
+                          peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
     row.figures = (stamp, fig)
     return fig
 
@@ -122,7 +124,7 @@ def _forward_costs(rec: Recorder) -> None:
                 by_size.setdefault(r.size, []).append(r.cost)
     for row in rec.forwards.values():
         costs = by_size.get(row.size, [])
-        row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(4)))
+        row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
 
 
 def graph_summary(g: GraphRecord) -> dict[str, Any]:
@@ -152,8 +154,13 @@ def build_report(rec: Recorder) -> dict[str, Any]:
 
     model = hashlib.sha1(",".join(sorted(g["fingerprint"] for g in graphs)).encode())
     run = {"id": rec.run_id, "started": rec.started, "fingerprint": model.hexdigest()[:12]}
-    return {"schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
+    data = {"schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward}
+    if any(g.meta.get("phase") == "backward" for g in rec.graphs):
+        from fxflops.steps import training_steps
+
+        data["steps"] = training_steps(flat_rows([data]), peak)
+    return data
 
 
 def run_id(report: dict[str, Any]) -> str:
@@ -183,7 +190,8 @@ _ROW_FIELDS: dict[str, tuple[type, ...]] = {
 _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "key": (list,), "p10_ms": _NUMBER, "bytes_nodes": _NUMBER, "gflops": _NUMBER,
     "tflops": (*_NUMBER, type(None)), "gbps": (*_NUMBER, type(None)),
-    "mfu": (*_NUMBER, type(None)),
+    "mfu": (*_NUMBER, type(None)), "hfu": (*_NUMBER, type(None)),
+    "recomputed_flops": _NUMBER, "recomputed_matmul_flops": _NUMBER,
 }
 _GRAPH_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "rows": (list,)}
 _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
@@ -214,7 +222,7 @@ def validate(data: Any, where: str) -> None:
     if data["schema"] != SCHEMA:
         raise ReportError(f"{where}: report schema {data['schema']} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
-           {"run": (dict,), "peak": (dict,)})
+           {"run": (dict,), "peak": (dict,), "steps": (list,)})
     for i, g in enumerate(data["graphs"]):
         _check(g, f"{where}: graphs[{i}]", _GRAPH_FIELDS, _GRAPH_OPTIONAL)
         for j, r in enumerate(g["rows"]):
@@ -317,6 +325,7 @@ def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every (graph, size) row of every report, tagged with its run, rank and process.
 
     Graphs that share a name in one report are kept apart: the second is ``name#2``.
+    Rows of a training step's graphs carry their ``phase`` and ``source``.
     """
     rows = []
     for rep in reports:
@@ -326,8 +335,13 @@ def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for g in rep["graphs"]:
             seen[g["name"]] = seen.get(g["name"], 0) + 1
             name = g["name"] if seen[g["name"]] == 1 else f"{g['name']}#{seen[g['name']]}"
+            meta = g.get("meta") or {}
+            # a training graph's phase, the Dynamo graph it came from, the Python frame
+            # (fxflops.autograd, fxflops.steps)
+            origin = {k: meta[k] for k in ("phase", "source", "frame") if k in meta}
             for r in g["rows"]:
-                rows.append({**tags, "graph": name, "fingerprint": g.get("fingerprint"), **r})
+                rows.append({**tags, "graph": name, "fingerprint": g.get("fingerprint"),
+                             **origin, **r})
         for r in rep["forward"]:
             rows.append({**tags, "graph": "<forward>", **r})
     return rows
@@ -355,7 +369,8 @@ def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
         m = {**group[0], "rank": "all", "ranks": len(shards)}
         for f in ("calls", "total_ms"):
             m[f] = sum(r.get(f) or 0 for r in group)
-        for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes"):
+        for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
+                  "recomputed_flops", "recomputed_matmul_flops"):
             m[f] = sum(r.get(f) or 0 for r in shards)
         m["gflops"] = m["flops"] / 1e9
         for f in ("median_ms", "p10_ms", "p90_ms"):
@@ -364,6 +379,6 @@ def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
         tflops, gbps = peak.get("tflops"), peak.get("gbps")
         m.update(throughput(m["flops"], m["matmul_flops"], m["bytes_io"], m["median_ms"] / 1e3,
                             tflops * devices if tflops else None,
-                            gbps * devices if gbps else None))
+                            gbps * devices if gbps else None, m["recomputed_matmul_flops"]))
         merged.append(m)
     return merged

@@ -89,11 +89,17 @@ def parse_size(size: Any) -> tuple[int, ...] | None:
 
 
 def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
-               peak_tflops: float | None, peak_gbps: float | None) -> dict[str, Any]:
-    """Achieved rates, MFU (matmul FLOPs against the peak) and the roofline verdict."""
-    out: dict[str, Any] = {"tflops": None, "gbps": None, "mfu": None,
-                                    "intensity": None, "bound": None, "roofline_ms": None,
-                                    "roofline_share": None}
+               peak_tflops: float | None, peak_gbps: float | None,
+               recomputed_matmul_flops: float = 0) -> dict[str, Any]:
+    """Achieved rates, MFU and HFU, and the roofline verdict.
+
+    MFU is the model's matmul FLOPs (``matmul_flops`` less what was recomputed) against the
+    peak; HFU all the matmul FLOPs that ran. They differ only where a backward graph
+    recomputes forward work.
+    """
+    out: dict[str, Any] = {"tflops": None, "gbps": None, "mfu": None, "hfu": None,
+                           "intensity": None, "bound": None, "roofline_ms": None,
+                           "roofline_share": None}
     if bytes_:
         out["intensity"] = flops / bytes_
     if seconds <= 0:
@@ -101,7 +107,8 @@ def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
     out["tflops"] = flops / seconds / 1e12
     out["gbps"] = bytes_ / seconds / 1e9
     if peak_tflops:
-        out["mfu"] = matmul_flops / seconds / (peak_tflops * 1e12)
+        out["mfu"] = (matmul_flops - recomputed_matmul_flops) / seconds / (peak_tflops * 1e12)
+        out["hfu"] = matmul_flops / seconds / (peak_tflops * 1e12)
     if peak_tflops and peak_gbps:
         compute_s = flops / (peak_tflops * 1e12)
         memory_s = bytes_ / (peak_gbps * 1e9)

@@ -36,8 +36,8 @@ def test_two_ranks_merge_every_figure():
     assert m["roofline_ms"] == pytest.approx(memory_s * 1e3)
     assert m["roofline_share"] == pytest.approx(memory_s / 5e-3)
     # and the same function a single row uses, with the devices' peak added up
-    assert {k: m[k] for k in ("tflops", "gbps", "mfu", "intensity", "bound", "roofline_ms",
-                              "roofline_share")} == throughput(12e9, 10e9, 4e9, 5e-3, 200.0,
+    assert {k: m[k] for k in ("tflops", "gbps", "mfu", "hfu", "intensity", "bound",
+                              "roofline_ms", "roofline_share")} == throughput(12e9, 10e9, 4e9, 5e-3, 200.0,
                                                                2000.0)
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
 from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id, size_order
+from fxflops.steps import training_steps
 from fxflops.util import atomic_text
 
 
@@ -30,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 EXIT_SKIPPED = 3
 
 COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
-           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run"]
+           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run",
+           "phase", "recomputed_flops", "hfu"]
 
 
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
@@ -129,6 +131,9 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                   fmt_pct(r.get("outside_share"))]
         table.add_row(*map(escape, cells))
     console.print(table)
+    steps = training_steps([r for r in rows if r["rank"] != "all"], peak)
+    if steps:
+        _print_steps(console, steps, multi)
     for rep in reports:
         for g in rep["graphs"]:
             if g.get("uncounted"):
@@ -141,6 +146,28 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")
+
+
+def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> None:
+    """The per-step roll-up of a training run (fxflops.steps)."""
+    table = Table(title="training steps: forward + backward (+ graphs run once a step)")
+    cols = (["rank"] if multi else []) + [
+        "size", "steps", "forward ms", "backward ms", "other ms", "step ms", "model GFLOPs",
+        "hardware GFLOPs", "model GFLOP/s", "MFU", "HFU"]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "rank" else "right")
+    for s in sorted(steps, key=lambda s: (str(s["rank"]), size_order(s["size"]))):
+        cells = [str(s["rank"])] if multi else []
+        cells += [str(s["size"]), str(s["steps"]), f"{s['forward_ms']:.3f}",
+                  f"{s['backward_ms']:.3f}", f"{s['other_ms']:.3f}", f"{s['step_ms']:.3f}",
+                  fmt_num(s["model_flops"] / 1e9), fmt_num(s["flops"] / 1e9),
+                  fmt_num((s.get("model_tflops") or 0) * 1e3), fmt_pct(s.get("mfu")),
+                  fmt_pct(s.get("hfu"))]
+        table.add_row(*map(escape, cells))
+    console.print(table)
+    others = sorted({g for s in steps for g in s["other_graphs"]})
+    if others:
+        console.print(escape("once a step besides forward and backward: " + ", ".join(others)))
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:
