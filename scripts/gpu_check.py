@@ -6,8 +6,10 @@ Prints one line per check, with its figure and its goal, and PASS or FAIL:
   1. fxflops' per-call times against hand-placed CUDA events around the same calls (2%);
   2. the overhead per call at a small decode-like size (under 1% of the forward);
   3. per-graph times recorded for CUDA-graph replays (one sample per replay);
-  4. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
-  5. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
+  4. a compiled training step: the backward graph timed by CUDA events (within the whole
+     backward's time measured around ``loss.backward()``);
+  5. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
+  6. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
      with CUDA is importable; else SKIP).
 Exit status: 0 when every check met its goal, 1 when any missed it or failed, 2 without a
 GPU (nothing was checked).
@@ -145,6 +147,46 @@ def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
         "replay)")
 
 
+def check_training(steps: int) -> tuple[bool, str]:
+    """A compiled training step: the backward graph timed by CUDA events like the forward,
+    its median within 10% of hand-placed events around ``loss.backward()``."""
+    import torch
+
+    import fxflops
+
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.GELU(),
+                                torch.nn.Linear(8192, 2048)).cuda().to(torch.bfloat16)
+    compiled = torch.compile(model, backend="fxflops")
+    x = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        compiled(x).float().pow(2).mean().backward()
+    torch.cuda.synchronize()
+    backward = [g for g in fxflops.recorder().graphs if g.meta.get("phase") == "backward"]
+    if not backward:
+        return False, "training: no backward graph was instrumented"
+    backward[-1].rows.clear()
+    hand = []
+    for _ in range(steps):
+        loss = compiled(x).float().pow(2).mean()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss.backward()
+        end.record()
+        hand.append((start, end))
+    torch.cuda.synchronize()
+    hand_ms = statistics.median(s.elapsed_time(e) for s, e in hand)
+    compiled(x)  # a later call harvests the last pending events
+    torch.cuda.synchronize()
+    rows = list(backward[-1].rows.values())
+    timer = rows[0] if rows else None
+    ours_ms = timer.percentiles()["median_ms"] if timer else float("nan")
+    calls = sum(r.count for r in rows)
+    ok = calls >= steps - 2 and 0 < ours_ms <= hand_ms * 1.1
+    return ok, (f"training: backward graph {calls}/{steps} calls timed, median {ours_ms:.3f} ms "
+                f"vs {hand_ms:.3f} ms around loss.backward() (goal: timed, at most the whole "
+                "backward + 10%)")
+
+
 def check_peak() -> tuple[bool, str]:
     import torch
 
@@ -203,7 +245,8 @@ def main() -> int:
     n = 50 if args.quick else 200
     start = time.perf_counter()
     checks = [lambda: check_event_agreement(n), lambda: check_overhead(n),
-              lambda: check_cuda_graph_replays(n), check_peak, check_vllm]
+              lambda: check_cuda_graph_replays(n), lambda: check_training(n // 4),
+              check_peak, check_vllm]
     missed = 0
     for i, check in enumerate(checks, 1):
         try:
