@@ -109,9 +109,19 @@ RUN_ID = Variable("FXFLOPS_RUN_ID", _text, None,
 DUMP_DIR = Variable("FXFLOPS_DUMP_DIR", _text, None,
                     "another folder for the annotated graph dumps (vLLM: set to "
                     "`<debug_dump_path>/rank_*/fxflops`)")
+PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
+                     "export Prometheus counters (written at each flush; under vLLM they show "
+                     "in its `/metrics`, see [serving.md](serving.md))")
+PROMETHEUS_DIR = Variable("FXFLOPS_PROMETHEUS_DIR", _text, None,
+                          "where the counters' files go when `PROMETHEUS_MULTIPROC_DIR` is unset "
+                          "(vLLM: made by the API server, inherited by its workers)")
+PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
+                            "sizes per graph with a `size` label of their own; later ones are "
+                            "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR)
+                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, PROMETHEUS,
+                                   PROMETHEUS_DIR, PROMETHEUS_SIZES)
 
 
 def run_id() -> str:

@@ -142,6 +142,15 @@ def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) 
         row.runtime_calls += 1
 
 
+def _metrics_dir() -> str | None:
+    """Where the Prometheus counters' files go (None: not asked for, or nowhere to go)."""
+    if not config.PROMETHEUS.get():
+        return None
+    from fxflops.metrics import files_dir
+
+    return files_dir()
+
+
 class Recorder:
     def __init__(self) -> None:
         self.graphs: list[GraphRecord] = []
@@ -158,6 +167,8 @@ class Recorder:
         self._exit_hooked = False
         self.run_id = config.run_id()
         self.started = time.time()
+        # (graphs when made, {tokens: FLOPs of a forward}): report.padding_figures' cache
+        self.flops_at_cache: tuple[int, dict[int, int | None]] = (0, {})
 
     # --- registration (compile time) -------------------------------------------------
 
@@ -225,21 +236,45 @@ class Recorder:
 
     def flush(self) -> None:
         """Write the report to ``$FXFLOPS_OUT`` (and the dumps of sizes new since the last
-        flush). Never raises: a full disk or a bad folder is warned about once."""
+        flush), and with ``FXFLOPS_PROMETHEUS`` the counters' files (``fxflops.metrics``).
+        Never raises: a full disk or a bad folder is warned about once."""
         path = self.default_path()
-        if not path or not self.graphs:
+        metrics_dir = _metrics_dir()
+        if not (path or metrics_dir) or not self.graphs:
             return
         with self._flush_lock:
-            try:
-                from fxflops.dump import dump_sizes
+            for where, write in ((path, self._write_report), (metrics_dir, self._write_metrics)):
+                if not where:
+                    continue
+                try:
+                    write(where)
+                except Exception as e:  # never let reporting break the process
+                    warn_once(f"flush:{where}:{type(e).__name__}", "fxflops: could not write "
+                              "%s (%s: %s); will try again at the next flush", where,
+                              type(e).__name__, e)
 
-                for g in self.graphs:
-                    dump_sizes(g)
-                self.save(path)
-            except Exception as e:  # never let reporting break the process
-                warn_once(f"flush:{path}:{type(e).__name__}", "fxflops: could not write %s "
-                          "(%s: %s); will try again at the next flush", path,
-                          type(e).__name__, e)
+    def _write_report(self, path: str) -> None:
+        from fxflops.dump import dump_sizes
+
+        for g in self.graphs:
+            dump_sizes(g)
+        self.save(path)
+
+    def _write_metrics(self, directory: str) -> None:
+        from fxflops.metrics import write_files
+
+        write_files(self, directory)
+
+    def register_prometheus(self, registry: Any = None) -> Any:
+        """Serve this recorder's counters from a ``prometheus_client`` registry (default:
+        its global one), read from the rows at each scrape. Returns the collector."""
+        from fxflops.metrics import RecorderCollector
+
+        if registry is None:
+            from prometheus_client import REGISTRY as registry
+        collector = RecorderCollector(self)
+        registry.register(collector)
+        return collector
 
     def log_line(self) -> str:
         parts = []
@@ -251,7 +286,7 @@ class Recorder:
                 + ", ".join(parts) + "]")
 
     def _start_background(self) -> None:
-        if not self._exit_hooked and config.OUT.get():
+        if not self._exit_hooked and (config.OUT.get() or _metrics_dir()):
             self._exit_hooked = True
             atexit.register(_flush_current)
             _write_on_signals()

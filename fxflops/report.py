@@ -6,7 +6,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ def _count(c: Count) -> int | str:
     return c if isinstance(c, int) else str(c)
 
 
-def _rank() -> int | None:
+def process_rank() -> int | None:
     rank = config.RANK.get()
     if rank is not None:
         return rank
@@ -46,7 +46,7 @@ def process_info(info: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     vllm = sys.modules.get("vllm")
-    rank = info.get("rank", _rank())
+    rank = info.get("rank", process_rank())
     return {
         "pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
         "device": info.get("device"), "dtype": info.get("dtype"),
@@ -56,7 +56,7 @@ def process_info(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_filename(info: dict[str, Any]) -> str:
-    rank = info.get("rank", _rank())
+    rank = info.get("rank", process_rank())
     suffix = f"-rank{rank}" if rank is not None else ""
     return f"fxflops-{socket.gethostname()}-{os.getpid()}{suffix}.json"
 
@@ -91,6 +91,7 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
         "recomputed_flops": cost.recomputed_flops if cost else 0,
         "recomputed_matmul_flops": cost.recomputed_matmul_flops if cost else 0,
     }
+    fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals()
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
                           peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
     row.figures = (stamp, fig)
@@ -114,7 +115,7 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
             for r in sorted_rows(g.all_rows())]
 
 
-def _forward_costs(rec: Recorder) -> None:
+def forward_costs(rec: Recorder) -> None:
     """A whole forward costs what its graphs cost at its size (attention, which runs
     outside piecewise graphs, is added per call from the forward's own run-time count)."""
     by_size: dict[Any, list[CostAt]] = {}
@@ -125,6 +126,53 @@ def _forward_costs(rec: Recorder) -> None:
     for row in rec.forwards.values():
         costs = by_size.get(row.size, [])
         row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
+
+
+def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> dict[str, Any]:
+    """What padding cost a whole-forward row: its forwards ran at the row's size with fewer
+    tokens scheduled (vLLM pads a step up to the next CUDA-graph size). Token share exact;
+    FLOPs share from the graphs' own cost at the scheduled sizes (``flops_at``; None when
+    no graph is general enough to tell, and then in proportion to the tokens); the time
+    spent on padding is the median apportioned by that FLOPs share (an estimate: a
+    memory-bound step costs padding less)."""
+    scheduled = row.scheduled or {}
+    forwards = sum(scheduled.values())
+    size = row.key[0] if row.key else 0
+    if not forwards or not size:
+        return {"scheduled_tokens": 0, "padding_tokens": 0, "padding_share": 0.0,
+                "padding_flops_share": 0.0, "padding_ms": 0.0, "scheduled": {},
+                "captured": row.captured}
+    real = sum(n * c for n, c in scheduled.items())
+    padding = forwards * size - real
+    full = flops_at(size)
+    if full:
+        wasted = sum(c * (full - (flops_at(n) or 0)) for n, c in scheduled.items())
+        flops_share = wasted / (forwards * full)
+    else:
+        flops_share = padding / (forwards * size)
+    return {"scheduled_tokens": real, "padding_tokens": padding,
+            "padding_share": padding / (forwards * size), "padding_flops_share": flops_share,
+            "padding_ms": row.percentiles()["median_ms"] * flops_share,
+            # the sizes served (what fxflops tune reads), and how many ran as graph replays
+            "scheduled": {str(n): c for n, c in sorted(scheduled.items())},
+            "captured": row.captured}
+
+
+def _general_flops(rec: Recorder) -> Callable[[int], int | None]:
+    """FLOPs of one forward at ``n`` tokens by the general graphs (those with size symbols,
+    every symbol bound to ``n``: vLLM's token count); None without such graphs."""
+    general = [g.cost for g in rec.graphs if g.cost.symbols]
+    graphs, cache = rec.flops_at_cache  # kept across flushes while no graph is added
+    if graphs != len(rec.graphs):
+        cache = {}
+        rec.flops_at_cache = (len(rec.graphs), cache)
+
+    def flops_at(n: int) -> int | None:
+        if n not in cache:
+            cache[n] = sum(c.at(n).flops for c in general) if general else None
+        return cache[n]
+
+    return flops_at
 
 
 def graph_summary(g: GraphRecord) -> dict[str, Any]:
@@ -148,8 +196,10 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     graphs = [{**graph_summary(g), "dropped_sizes": g.dropped_sizes,
                "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())]}
               for g in rec.graphs]
-    _forward_costs(rec)
-    forward = [row_figures(r, peak) for r in sorted_rows(rec.forwards.values())]
+    forward_costs(rec)
+    flops_at = _general_flops(rec)
+    forward = [{**row_figures(r, peak), **padding_figures(r, flops_at)}
+               for r in sorted_rows(rec.forwards.values())]
     import hashlib
 
     model = hashlib.sha1(",".join(sorted(g["fingerprint"] for g in graphs)).encode())
@@ -192,6 +242,10 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "tflops": (*_NUMBER, type(None)), "gbps": (*_NUMBER, type(None)),
     "mfu": (*_NUMBER, type(None)), "hfu": (*_NUMBER, type(None)),
     "recomputed_flops": _NUMBER, "recomputed_matmul_flops": _NUMBER,
+    "total_flops": _NUMBER, "total_matmul_flops": _NUMBER, "total_bytes": _NUMBER,
+    "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
+    "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
+    "captured": (int,),
 }
 _GRAPH_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "rows": (list,)}
 _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {

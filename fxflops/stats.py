@@ -21,7 +21,7 @@ class SizeStats:
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
-                 "runtime_groups", "figures")
+                 "runtime_groups", "figures", "scheduled", "captured")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -45,12 +45,35 @@ class SizeStats:
         self.runtime_groups: list[tuple[Any, int | None, int, int]] | None = None
         # (what they were made from, the report's figures): see report.row_figures
         self.figures: tuple[Any, dict[str, Any]] | None = None
+        # whole forwards only: the tokens scheduled, per count of them, before the runner
+        # padded them to this row's size (vLLM under CUDA graphs); see note_scheduled
+        self.scheduled: dict[int, int] | None = None
+        # whole forwards only: how many ran as CUDA-graph replays (vLLM's runtime mode)
+        self.captured = 0
 
     def add(self, ns: int) -> None:
         n = self.count
         self.count = n + 1
         self.total_ns += ns
         self.window[n % self.cap] = ns
+
+    def note_scheduled(self, tokens: int) -> None:
+        """A forward of ``tokens`` real tokens ran at this row's (padded) size. The
+        distinct counts kept are bounded by the size itself (0 < tokens <= size)."""
+        scheduled = self.scheduled
+        if scheduled is None:
+            scheduled = self.scheduled = {}
+        scheduled[tokens] = scheduled.get(tokens, 0) + 1
+
+    def totals(self) -> tuple[int, int, int, int]:
+        """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost
+        per call times the calls, plus the run-time counts summed as they ran (exact ints;
+        the Prometheus counters and the report's ``total_*`` figures)."""
+        cost, n = self.cost, self.count
+        flops = (cost.flops * n if cost else 0) + self.runtime_flops
+        matmul = (cost.matmul_flops * n if cost else 0) + self.runtime_flops
+        bytes_ = (cost.bytes_io * n if cost else 0) + self.runtime_bytes
+        return int(flops), int(matmul), int(bytes_), n
 
     def samples(self) -> array[int]:
         """The samples kept: the last ``cap`` (all of them while fewer were taken)."""

@@ -1,9 +1,13 @@
-"""``fxflops tune RUNS...``: which ``compile_sizes`` are worth compiling.
+"""``fxflops tune RUN`` and ``fxflops tune BASE SIZED``: which sizes to compile or capture.
 
-A size is *specialised* in a run when a static graph (no size symbols) ran at it; otherwise
-the general (dynamic) graph served it. For every size seen both ways, the gain is the
-general median over the specialised one; sizes whose gain beats the threshold are
-recommended, ranked by gain weighted by how often the size was called.
+One run (a report, or a folder of one run's ranks): the sizes it served, and the
+``compile_sizes`` / ``cudagraph_capture_sizes`` that minimise the expected time per step for
+that traffic within ``--max-sizes`` (``fxflops.tuning``).
+
+Two runs or more, to confirm: a size is *specialised* in a run when a static graph (no size
+symbols) ran at it; otherwise the general (dynamic) graph served it. For every size seen
+both ways, the gain is the general median over the specialised one; sizes whose gain beats
+the threshold are recommended, ranked by gain weighted by how often the size was called.
 """
 
 from __future__ import annotations
@@ -15,15 +19,21 @@ from typing import Any
 
 from rich.table import Table
 
-from fxflops.cli.tables import make_console
-from fxflops.report import ReportError, load_reports
+from fxflops.cli.main import positive_int
+from fxflops.cli.tables import fmt_pct, make_console
+from fxflops.report import ReportError, load_reports, run_id
+from fxflops.tuning import recommend as recommend_one_run
+from fxflops.tuning import served_sizes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="recommend compile_sizes from runs with and without them")
-    p.add_argument("runs", nargs="+", help="report files or folders (one run each)")
+    p = sub.add_parser("tune", help="recommend compile and capture sizes from one run's "
+                                    "traffic, or confirm them from runs with and without")
+    p.add_argument("runs", nargs="+", help="report files or folders: one run, or one per run")
+    p.add_argument("--max-sizes", type=positive_int, default=8,
+                   help="one run: the most sizes to recommend (the budget)")
     p.add_argument("--threshold", type=float, default=0.05,
-                   help="minimum gain of the specialised graph (0.05 = 5%%)")
+                   help="several runs: minimum gain of the specialised graph (0.05 = 5%%)")
     p.set_defaults(func=run)
 
 
@@ -74,6 +84,9 @@ def recommend(times: dict[str, dict[int, list[tuple[float, int]]]],
 
 
 def run(args: argparse.Namespace) -> int:
+    reports = load_reports(args.runs)
+    if len({run_id(r) for r in reports}) == 1:
+        return _one_run(reports, args.max_sizes)
     rows = recommend(size_times(args.runs), args.threshold)
     table = Table(title=f"fxflops tune (threshold {args.threshold:.0%})")
     for c in ("size", "general ms", "specialised ms", "gain", "calls", "weight", "compile it?"):
@@ -91,4 +104,41 @@ def run(args: argparse.Namespace) -> int:
     else:
         console.print("recommended: no compile_sizes (no specialised graph beats the general "
                       f"one by more than {args.threshold:.0%})")
+    return 0
+
+
+def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
+    served = served_sizes(reports)
+    rec = recommend_one_run(served, budget)
+    console = make_console()
+    table = Table(title="fxflops tune: the sizes this run served")
+    for c in ("size", "calls", "share", "median ms", "ran as", "padding"):
+        table.add_column(c, justify="right")
+    calls = sum(s.calls for s in served)
+    for s in served:
+        real = sum(n * c for n, c in s.scheduled.items())
+        padding = 1 - real / (s.size * sum(s.scheduled.values()))
+        table.add_row(str(s.size), str(s.calls), fmt_pct(s.calls / calls),
+                      f"{s.median_ms:.3f}", s.kind, fmt_pct(padding))
+    console.print(table)
+    if rec.sizes:
+        chosen = Table(title=f"recommended ({rec.mode}, at most {budget} sizes)")
+        for c in ("size", "traffic", "saves per step"):
+            chosen.add_column(c, justify="right")
+        traffic = sum(c for s in served for c in s.scheduled.values())
+        for size in rec.sizes:
+            share = sum(c for s in served for n, c in s.scheduled.items() if n == size)
+            gain = rec.gains_ms.get(size)
+            chosen.add_row(str(size), fmt_pct(share / traffic),
+                           "unknown" if gain is None else f"{gain:+.4f} ms")
+        console.print(chosen)
+    expected = "unknown" if rec.expected_ms is None else f"{rec.expected_ms:.4f} ms"
+    console.print(f"expected time per step: {rec.now_ms:.4f} ms as run; {expected} with the "
+                  "recommendation")
+    for note in rec.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+    if rec.cc:
+        console.print("recommended: -cc '" + json.dumps(rec.cc) + "'", soft_wrap=True)
+    else:
+        console.print("recommended: no sizes to add for this traffic")
     return 0

@@ -209,9 +209,14 @@ def _forward_row(runner: Any, named: dict[str, Any]) -> Any:
     ids: Any = named.get("positions")
     if ids is None:
         ids = named["input_ids"]
-    tokens = int(ids.shape[-1])
+    tokens = int(ids.shape[-1])  # padded up to a captured size under CUDA graphs
     _state.lengths, _state.counts = batch_lengths(runner), {}
     row = recorder().forward_row(tokens)
+    # the tokens the scheduler gave this step: the padding is the rest (padding waste)
+    row.note_scheduled(int(_state.lengths[0].sum()))
+    mode = getattr(ctx, "cudagraph_runtime_mode", None)
+    if mode is not None and getattr(mode, "name", "NONE") != "NONE":
+        row.captured += 1
     if not row.runtime_terms:
         row.runtime_terms = attention_layers(runner)
     charge_runtime(row)

@@ -31,6 +31,7 @@ def register() -> None:
     """Entry point: vLLM calls this in every process."""
     try:
         config.run_id()  # set before vLLM starts its engine and workers: they inherit it
+        _collect_worker_metrics()
         _install_backend_name_shim()
         if enabled():
             install()
@@ -61,6 +62,37 @@ def uninstall() -> None:
 
     hooks.uninstall()
     _installed.clear()
+
+
+def _collect_worker_metrics() -> None:
+    """``FXFLOPS_PROMETHEUS=1``: the counters the engine and worker processes write
+    (``fxflops.metrics``) appear in this process's ``/metrics``.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for several API servers) vLLM's own
+    multi-process registry collects the files written there: nothing to do. Without it,
+    vLLM serves prometheus_client's global registry from this process (the first vLLM
+    process, loading its plugins while it parses the command line, before it starts the
+    engine): a folder for the workers' files is made here, handed down to them in
+    ``FXFLOPS_PROMETHEUS_DIR``, and collected into that registry.
+    """
+    if "metrics" in _installed or not config.PROMETHEUS.get():
+        return
+    _installed.add("metrics")
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    directory = config.PROMETHEUS_DIR.get()
+    if directory is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="fxflops-prometheus-")
+        os.environ[config.PROMETHEUS_DIR.name] = directory
+        atexit.register(shutil.rmtree, directory, True)  # only the process that made it
+    from prometheus_client import REGISTRY
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    MultiProcessCollector(REGISTRY, path=directory)
 
 
 def _install_backend_name_shim() -> None:
