@@ -1,0 +1,294 @@
+"""Serving: fxflops' counters in a real ``vllm serve``'s /metrics, padding, ``fxflops tune``.
+
+Two real servers of a tiny dummy-weight Llama on CPU, each started once for the module:
+one API server (fxflops collects the workers' files into vLLM's registry), then two API
+servers (vLLM's own multi-process collection) started with the ``-cc`` that
+``fxflops tune`` printed for the first server's run. Requests go over HTTP; /metrics is
+parsed with prometheus_client's own parser and checked against the run's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import fxflops
+from fxflops.cli.main import main
+from fxflops.metrics import RecorderCollector, write_files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- label cardinality and the two sinks (no vLLM) --------------------------------------
+
+
+def test_five_thousand_sizes_stay_a_bounded_label_set(tmp_path, monkeypatch):
+    import torch
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.setenv("FXFLOPS_PROMETHEUS_SIZES", "16")
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    with torch.no_grad():
+        for size in range(2, 5002):
+            compiled(torch.randn(size, 4))
+    [graph] = fxflops.recorder().graphs
+    assert len(graph.rows) == 5000
+
+    registry = CollectorRegistry()
+    registry.register(RecorderCollector(fxflops.recorder()))
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    write_files(fxflops.recorder(), str(folder))
+    from_files = CollectorRegistry()
+    MultiProcessCollector(from_files, path=str(folder))
+    for source in (registry, from_files):
+        families = {f.name: f for f in
+                    text_string_to_metric_families(generate_latest(source).decode())}
+        calls = families["fxflops_graph_calls"].samples
+        assert len(calls) == 17  # 16 sizes of their own + "other", not 5,000
+        assert sum(s.value for s in calls) == 5000  # every call still counted
+        other = [s for s in calls if s.labels["size"] == "other"]
+        assert other and other[0].value == 5000 - 16
+        flops = sum(s.value for s in families["fxflops_graph_flops"].samples)
+        # addmm by hand: 2 n·4·4 (torch's convention: the bias add comes with the product)
+        assert flops == sum(2 * 4 * 4 * n for n in range(2, 5002))
+
+
+# --- real servers -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``vllm serve`` of the tiny model in its own process group, fxflops on."""
+
+    def __init__(self, folder: Path, cc: dict, extra: list[str] = ()) -> None:
+        sys.path.insert(0, str(ROOT / "examples"))
+        import vllm_tiny
+
+        self.out = folder / "out"
+        self.port = free_port()
+        self.model = vllm_tiny.tiny_llama(str(folder / "model"))
+        env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
+               "FXFLOPS_OUT": str(self.out), "FXFLOPS_FLUSH_S": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache")}
+        for var in ("PROMETHEUS_MULTIPROC_DIR", "FXFLOPS_PROMETHEUS_DIR", "FXFLOPS_RUN_ID"):
+            env.pop(var, None)
+        self.log = open(folder / "server.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "vllm_cli.py"), "serve", self.model,
+             "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+             "--max-model-len", "512", "--gpu-memory-utilization", "0.3",
+             "--max-num-seqs", "8", "--port", str(self.port), "-cc", json.dumps(cc), *extra],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=folder)
+        deadline = time.time() + 420
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("vllm serve exited: " + self.tail())
+            try:
+                urllib.request.urlopen(self.url("/health"), timeout=5)
+                return
+            except OSError:
+                time.sleep(2)
+        self.stop()
+        raise RuntimeError("vllm serve did not come up: " + self.tail())
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def tail(self) -> str:
+        return self.text()[-3000:]
+
+    def complete(self, lengths: list[int], max_tokens: int = 4) -> None:
+        """One request per prompt length, all at once (the engine batches them)."""
+        def send(n: int) -> None:
+            body = json.dumps({"model": self.model, "prompt": list(range(10, 10 + n)),
+                               "max_tokens": max_tokens, "ignore_eos": True}).encode()
+            req = urllib.request.Request(self.url("/v1/completions"), body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                assert json.loads(r.read())["usage"]["completion_tokens"] == max_tokens
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in lengths]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def scrape(self) -> dict[tuple[str, tuple], float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.url("/metrics"), timeout=30).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text) if f.name.startswith("fxflops_")
+                for s in f.samples}
+
+    def settled(self) -> tuple[dict, list[dict]]:
+        """/metrics and the report once the workers flushed after the last request (every
+        second, FXFLOPS_FLUSH_S=1; an idle server runs no steps, so both then hold)."""
+        from fxflops.report import load_reports
+
+        for _ in range(30):
+            time.sleep(1)
+            reports = load_reports([self.out])
+            metrics = self.scrape()
+            calls = sum(r["calls"] for rep in reports for r in rep["forward"])
+            if calls and calls == sum(v for (name, _), v in metrics.items()
+                                      if name == "fxflops_forward_calls_total"):
+                return metrics, reports
+        raise AssertionError("metrics never matched the report: " + self.tail())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def check_metrics_equal_report(metrics: dict, reports: list[dict]) -> int:
+    """Every graph and size the report lists has its counters, with equal values; and
+    /metrics has no fxflops series the report does not. Returns the series checked."""
+    seen = set()
+
+    def expect(name: str, labels: dict, value: float, exact: bool = True) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        assert key in metrics, f"{key} missing from /metrics"
+        got = metrics[key]
+        assert got == value if exact else got == pytest.approx(value, rel=1e-9, abs=1e-9), \
+            (key, got, value)
+        seen.add(key)
+
+    for rep in reports:
+        rank = str(rep["process"].get("rank") or 0)
+        rows = [("fxflops_graph", {"graph": g["name"]}, r) for g in rep["graphs"]
+                for r in g["rows"]] + [("fxflops_forward", {}, r) for r in rep["forward"]]
+        for prefix, labels, r in rows:
+            labels = {**labels, "size": str(r["size"]), "rank": rank}
+            expect(f"{prefix}_calls_total", labels, r["calls"])
+            expect(f"{prefix}_flops_total", labels, r["total_flops"])
+            expect(f"{prefix}_matmul_flops_total", labels, r["total_matmul_flops"])
+            expect(f"{prefix}_bytes_total", labels, r["total_bytes"])
+            expect(f"{prefix}_seconds_total", labels, r["total_ms"] / 1e3, exact=False)
+            # independently of the totals: static FLOPs per call (+ attention's average)
+            assert r["total_flops"] == pytest.approx(r["flops"] * r["calls"], rel=1e-6)
+            if prefix == "fxflops_forward":
+                expect("fxflops_forward_tokens_total", labels, r["size"] * r["calls"])
+                expect("fxflops_forward_scheduled_tokens_total", labels, r["scheduled_tokens"])
+    extra = {k for k in metrics if k not in seen and not k[0].startswith("fxflops_peak")}
+    assert not extra, f"series not in the report: {sorted(extra)[:5]}"
+    return len(seen)
+
+
+@pytest.fixture(scope="module")
+def one_api_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve1")
+    server = Server(folder, {"mode": 2, "backend": "eager"})
+    try:
+        server.complete([5, 13, 20])
+        server.complete([7])
+        metrics, reports = server.settled()
+    finally:
+        server.stop()
+    return server, metrics, reports
+
+
+@pytest.mark.vllm
+def test_metrics_of_a_real_server_equal_its_report(one_api_server):
+    server, metrics, reports = one_api_server
+    assert len(reports) == 1
+    checked = check_metrics_equal_report(metrics, reports)
+    forwards = reports[0]["forward"]
+    assert sum(r["calls"] for r in forwards) >= 4 and checked >= 10 * len(forwards)
+    # CPU: vLLM pads nothing, and the report says so
+    assert all(r["padding_tokens"] == 0 and r["scheduled_tokens"] == r["size"] * r["calls"]
+               for r in forwards)
+
+
+@pytest.fixture(scope="module")
+def tuned_two_api_servers(one_api_server, tmp_path_factory):
+    """``fxflops tune`` on the first server's run, then a server started with its -cc."""
+    server, _, _ = one_api_server
+    proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "tune", str(server.out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    snippet = re.search(r"-cc '(\{.*\})'", proc.stdout)
+    assert snippet, proc.stdout
+    cc = {"mode": 2, "backend": "eager", **json.loads(snippet.group(1))}
+    folder = tmp_path_factory.mktemp("serve2")
+    second = Server(folder, cc, ["--api-server-count", "2"])
+    try:
+        second.complete([6, 9])
+        metrics, reports = second.settled()
+        again = second.scrape()  # either API server answers from every process's files
+    finally:
+        second.stop()
+    return cc, metrics, again, reports, second
+
+
+@pytest.mark.vllm
+def test_tune_snippet_starts_vllm_and_two_api_servers_show_the_metrics(tuned_two_api_servers):
+    cc, metrics, again, reports, second = tuned_two_api_servers
+    # what tune recommended, in the compilation config vLLM's engine started with
+    assert cc["compile_sizes"] and f"'compile_sizes': {cc['compile_sizes']}" in second.text()
+    check_metrics_equal_report(metrics, reports)
+    assert {k: v for k, v in again.items() if "calls" in k[0]} == \
+        {k: v for k, v in metrics.items() if "calls" in k[0]}
+
+
+# --- padding ------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_padding_waste_equals_the_hand_computed_one(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_padded_run.py"), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from fxflops.report import load_reports
+
+    [report] = load_reports([out])
+    rows = {r["size"]: r for r in report["forward"]}
+    # a prefill of 13 tokens ran at 16; three decodes of 1 token ran at 8
+    assert rows[16]["scheduled"] == {"13": 1} and rows[8]["scheduled"] == {"1": 3}
+    assert rows[16]["padding_tokens"] == 3 and rows[16]["padding_share"] == 3 / 16
+    assert rows[8]["padding_tokens"] == 21 and rows[8]["padding_share"] == 21 / 24
+    # FLOPs: the graph's per-token cost is affine in the tokens; from its rows at 8 and 16
+    [graph] = report["graphs"]
+    static = {r["size"]: r["flops"] - r["runtime_flops"] for r in graph["rows"]}
+
+    def flops(n: int) -> float:
+        return static[8] + (static[16] - static[8]) * (n - 8) / 8
+
+    assert rows[16]["padding_flops_share"] == pytest.approx((flops(16) - flops(13)) / flops(16))
+    assert rows[8]["padding_flops_share"] == pytest.approx((flops(8) - flops(1)) / flops(8))
+    assert rows[8]["padding_ms"] == pytest.approx(
+        rows[8]["median_ms"] * rows[8]["padding_flops_share"])
+    # tune reads the padded traffic: the sizes scheduled, not the sizes run
+    assert main(["tune", str(out)]) == 0
