@@ -1,6 +1,6 @@
 """What the periodic report flush costs the host loop, with thousands of sizes seen.
 
-    python benchmarks/flush.py [--sizes 3000] [--seconds 4] [--pairs 5]
+    python benchmarks/flush.py [--sizes 3000] [--seconds 4] [--pairs 5] [--prometheus]
 
 A compiled graph (eager inner, one dynamic size) is called over ``--sizes`` sizes in turn.
 Each pair of rounds runs the same loop for the same number of calls twice, once with the
@@ -9,7 +9,8 @@ without it (in alternating order; the flush thread's pacing carries over from ro
 round, as it does in a long run). Two figures: the median over pairs of the loop's time
 with flushing over its time without (goal: within 5%), and the CPU time the flush thread
 ran over the flushing loops' time (the most of the GIL it can have taken from the host: a
-bound that the noise of a shared machine does not blur).
+bound that the noise of a shared machine does not blur). ``--prometheus``: each flush also
+writes the Prometheus counters' files (``FXFLOPS_PROMETHEUS=1``), as under ``vllm serve``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ def main() -> None:
     p.add_argument("--sizes", type=int, default=3000)
     p.add_argument("--seconds", type=float, default=3.0, help="length of one round")
     p.add_argument("--pairs", type=int, default=15)
+    p.add_argument("--prometheus", action="store_true", help="write the counters' files too")
     args = p.parse_args()
     out = tempfile.mkdtemp(prefix="fxflops-flush-")
     os.environ["FXFLOPS_OUT"] = out
+    if args.prometheus:
+        os.environ["FXFLOPS_PROMETHEUS"] = "1"
+        os.environ["FXFLOPS_PROMETHEUS_DIR"] = tempfile.mkdtemp(prefix="fxflops-prom-")
     os.environ.pop("FXFLOPS_FLUSH_S", None)  # the benchmark runs the flush thread itself
     rec = fxflops.recorder()
     compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"),

@@ -426,6 +426,8 @@ def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
         for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
                   "recomputed_flops", "recomputed_matmul_flops"):
             m[f] = sum(r.get(f) or 0 for r in shards)
+        for f in ("total_flops", "total_matmul_flops", "total_bytes"):  # over processes too
+            m[f] = sum(r.get(f) or 0 for r in group)
         m["gflops"] = m["flops"] / 1e9
         for f in ("median_ms", "p10_ms", "p90_ms"):
             m[f] = max(r.get(f) or 0 for r in group)

@@ -22,6 +22,6 @@ def test_doc_example_runs(path, index, code, tmp_path, monkeypatch):
 
 def test_readme_links_the_docs():
     readme = (ROOT / "README.md").read_text()
-    for page in ("getting-started.md", "vllm.md", "training.md", "conventions.md",
-                 "reference.md", "benchmarks.md"):
+    for page in ("getting-started.md", "vllm.md", "serving.md", "training.md",
+                 "conventions.md", "reference.md", "benchmarks.md"):
         assert f"docs/{page}" in readme and (ROOT / "docs" / page).exists()

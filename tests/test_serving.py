@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 import fxflops
-from fxflops.cli.main import main
 from fxflops.metrics import RecorderCollector, write_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,11 +79,13 @@ def free_port() -> int:
 class Server:
     """``vllm serve`` of the tiny model in its own process group, fxflops on."""
 
-    def __init__(self, folder: Path, cc: dict, extra: list[str] = ()) -> None:
+    def __init__(self, folder: Path, cc: dict, extra: list[str] = (),
+                 env_extra: dict[str, str] | None = None) -> None:
         sys.path.insert(0, str(ROOT / "examples"))
         import vllm_tiny
 
         self.out = folder / "out"
+        self.sent: list[int] = []
         self.port = free_port()
         self.model = vllm_tiny.tiny_llama(str(folder / "model"))
         env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
@@ -92,6 +93,7 @@ class Server:
                "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache")}
         for var in ("PROMETHEUS_MULTIPROC_DIR", "FXFLOPS_PROMETHEUS_DIR", "FXFLOPS_RUN_ID"):
             env.pop(var, None)
+        env.update(env_extra or {})
         self.log = open(folder / "server.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "scripts" / "vllm_cli.py"), "serve", self.model,
@@ -123,21 +125,26 @@ class Server:
     def tail(self) -> str:
         return self.text()[-3000:]
 
-    def complete(self, lengths: list[int], max_tokens: int = 4) -> None:
-        """One request per prompt length, all at once (the engine batches them)."""
-        def send(n: int) -> None:
-            body = json.dumps({"model": self.model, "prompt": list(range(10, 10 + n)),
+    def complete(self, lengths: list[int], max_tokens: int = 4) -> int:
+        """One request per prompt length, all at once (the engine batches them); prompts
+        share no prefix (prefix caching would skip tokens). Returns the tokens the
+        scheduler must run: each prompt, then one token per decode step."""
+        def send(i: int, n: int) -> None:
+            start = 1000 * (len(self.sent) + i + 1)
+            body = json.dumps({"model": self.model, "prompt": list(range(start, start + n)),
                                "max_tokens": max_tokens, "ignore_eos": True}).encode()
             req = urllib.request.Request(self.url("/v1/completions"), body,
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as r:
                 assert json.loads(r.read())["usage"]["completion_tokens"] == max_tokens
 
-        threads = [threading.Thread(target=send, args=(n,)) for n in lengths]
+        threads = [threading.Thread(target=send, args=(i, n)) for i, n in enumerate(lengths)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        self.sent += lengths
+        return sum(n + max_tokens - 1 for n in lengths)
 
     def scrape(self) -> dict[tuple[str, tuple], float]:
         from prometheus_client.parser import text_string_to_metric_families
@@ -207,34 +214,66 @@ def check_metrics_equal_report(metrics: dict, reports: list[dict]) -> int:
 
 
 @pytest.fixture(scope="module")
-def one_api_server(tmp_path_factory):
+def padded_server(tmp_path_factory):
+    """One API server whose steps vLLM pads as under CUDA graphs (tests/padding_plugin:
+    its dispatcher pads to multiples of 8; CUDA graphs cannot run on CPU)."""
     folder = tmp_path_factory.mktemp("serve1")
-    server = Server(folder, {"mode": 2, "backend": "eager"})
+    server = Server(folder, {"mode": 2, "backend": "eager"},
+                    env_extra={"PYTHONPATH": str(ROOT / "tests" / "padding_plugin")})
     try:
-        server.complete([5, 13, 20])
-        server.complete([7])
+        tokens = server.complete([5, 13, 20]) + server.complete([7])
         metrics, reports = server.settled()
     finally:
         server.stop()
-    return server, metrics, reports
+    return server, metrics, reports, tokens
 
 
 @pytest.mark.vllm
-def test_metrics_of_a_real_server_equal_its_report(one_api_server):
-    server, metrics, reports = one_api_server
+def test_metrics_of_a_real_server_equal_its_report(padded_server):
+    server, metrics, reports, _ = padded_server
     assert len(reports) == 1
     checked = check_metrics_equal_report(metrics, reports)
     forwards = reports[0]["forward"]
     assert sum(r["calls"] for r in forwards) >= 4 and checked >= 10 * len(forwards)
-    # CPU: vLLM pads nothing, and the report says so
-    assert all(r["padding_tokens"] == 0 and r["scheduled_tokens"] == r["size"] * r["calls"]
-               for r in forwards)
+
+
+@pytest.mark.vllm
+def test_padding_waste_equals_the_hand_computed_one(padded_server):
+    server, metrics, [report], tokens = padded_server
+    forwards = {r["size"]: r for r in report["forward"]}
+    # every step's tokens, scheduled and run: all the requests' tokens, nothing else
+    assert sum(r["scheduled_tokens"] for r in forwards.values()) == tokens
+    assert any(r["padding_tokens"] for r in forwards.values())
+    [graph] = report["graphs"]
+    static = {r["size"]: r["flops"] - r["runtime_flops"] for r in graph["rows"]
+              if r["size"] in forwards}
+    a, b = sorted(static)[:2]
+
+    def flops(n: int) -> float:  # the graph's static FLOPs are affine in the tokens
+        return static[a] + (static[b] - static[a]) * (n - a) / (b - a)
+
+    for size, r in forwards.items():
+        scheduled = {int(n): c for n, c in r["scheduled"].items()}
+        # by hand: each step padded to the next multiple of 8, the rest is waste
+        assert all(size == -(-n // 8) * 8 for n in scheduled), (size, scheduled)
+        waste = sum(c * (size - n) for n, c in scheduled.items())
+        assert r["padding_tokens"] == waste
+        assert r["padding_share"] == waste / (size * r["calls"])
+        flops_share = sum(c * (flops(size) - flops(n)) for n, c in scheduled.items()) / (
+            r["calls"] * flops(size))
+        assert r["padding_flops_share"] == pytest.approx(flops_share, rel=1e-9)
+        assert r["padding_ms"] == pytest.approx(r["median_ms"] * flops_share, rel=1e-9)
+        # and /metrics counts the same tokens
+        labels = (("rank", "0"), ("size", str(size)))
+        assert metrics[("fxflops_forward_tokens_total", labels)] == size * r["calls"]
+        assert metrics[("fxflops_forward_scheduled_tokens_total", labels)] == \
+            r["scheduled_tokens"]
 
 
 @pytest.fixture(scope="module")
-def tuned_two_api_servers(one_api_server, tmp_path_factory):
+def tuned_two_api_servers(padded_server, tmp_path_factory):
     """``fxflops tune`` on the first server's run, then a server started with its -cc."""
-    server, _, _ = one_api_server
+    server = padded_server[0]
     proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "tune", str(server.out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -260,35 +299,6 @@ def test_tune_snippet_starts_vllm_and_two_api_servers_show_the_metrics(tuned_two
     check_metrics_equal_report(metrics, reports)
     assert {k: v for k, v in again.items() if "calls" in k[0]} == \
         {k: v for k, v in metrics.items() if "calls" in k[0]}
-
-
-# --- padding ------------------------------------------------------------------------------
-
-
-@pytest.mark.vllm
-def test_padding_waste_equals_the_hand_computed_one(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_padded_run.py"), str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from fxflops.report import load_reports
-
-    [report] = load_reports([out])
-    rows = {r["size"]: r for r in report["forward"]}
-    # a prefill of 13 tokens ran at 16; three decodes of 1 token ran at 8
-    assert rows[16]["scheduled"] == {"13": 1} and rows[8]["scheduled"] == {"1": 3}
-    assert rows[16]["padding_tokens"] == 3 and rows[16]["padding_share"] == 3 / 16
-    assert rows[8]["padding_tokens"] == 21 and rows[8]["padding_share"] == 21 / 24
-    # FLOPs: the graph's per-token cost is affine in the tokens; from its rows at 8 and 16
-    [graph] = report["graphs"]
-    static = {r["size"]: r["flops"] - r["runtime_flops"] for r in graph["rows"]}
-
-    def flops(n: int) -> float:
-        return static[8] + (static[16] - static[8]) * (n - 8) / 8
-
-    assert rows[16]["padding_flops_share"] == pytest.approx((flops(16) - flops(13)) / flops(16))
-    assert rows[8]["padding_flops_share"] == pytest.approx((flops(8) - flops(1)) / flops(8))
-    assert rows[8]["padding_ms"] == pytest.approx(
-        rows[8]["median_ms"] * rows[8]["padding_flops_share"])
-    # tune reads the padded traffic: the sizes scheduled, not the sizes run
-    assert main(["tune", str(out)]) == 0
+    # CPU without the padding plugin: vLLM pads nothing, and the report says so
+    assert all(r["padding_tokens"] == 0 and r["scheduled_tokens"] == r["size"] * r["calls"]
+               for rep in reports for r in rep["forward"])

@@ -35,11 +35,14 @@ SHORT, LONG, TOKENS = 16, 160, 4  # prompt lengths; tokens generated per request
 
 
 def start_family(out: Path, arch: str) -> subprocess.Popen:
+    # FXFLOPS=1 around vLLM's mode 2 with the eager backend: the same Dynamo graph and the
+    # same instrumentation as backend "fxflops" (tests/test_vllm.py runs that, Inductor
+    # inside), without an Inductor compile per family
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
            "--tokens", str(TOKENS), "--phases", str(SHORT), f"{LONG},{LONG}",
-           "--cache", str(out / "cache")]
+           "--cache", str(out / "cache"), "--backend", "eager"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env={**os.environ, "FXFLOPS": "1"})
 
 
 def finish_family(proc: subprocess.Popen, out: Path) -> dict:

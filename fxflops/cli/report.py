@@ -32,7 +32,7 @@ EXIT_SKIPPED = 3
 
 COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
            "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run",
-           "phase", "recomputed_flops", "hfu"]
+           "phase", "recomputed_flops", "hfu", "padding_share"]
 
 
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
@@ -119,7 +119,7 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
         f"[{peak.get('source')}]"))
     cols = (["rank"] if multi else []) + ["graph", "size", "calls", "median ms", "p90 ms",
                                           "GFLOPs", "GFLOP/s", "GB/s", "MFU", "bound",
-                                          "outside graphs"]
+                                          "outside graphs", "padding"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("graph", "rank") else "right")
     for r in sorted(rows, key=_order):
@@ -128,7 +128,7 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                   f"{r.get('p90_ms', 0):.3f}", fmt_num(r["flops"] / 1e9),
                   fmt_num((r.get("tflops") or 0) * 1e3), fmt_num(r.get("gbps")),
                   fmt_pct(r.get("mfu")), r.get("bound") or "-",
-                  fmt_pct(r.get("outside_share"))]
+                  fmt_pct(r.get("outside_share")), fmt_pct(r.get("padding_share"))]
         table.add_row(*map(escape, cells))
     console.print(table)
     steps = training_steps([r for r in rows if r["rank"] != "all"], peak)

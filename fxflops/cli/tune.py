@@ -29,7 +29,8 @@ from fxflops.tuning import served_sizes
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="recommend compile and capture sizes from one run's "
                                     "traffic, or confirm them from runs with and without")
-    p.add_argument("runs", nargs="+", help="report files or folders: one run, or one per run")
+    p.add_argument("runs", nargs="+", help="one run's report or folder; or one per run, to "
+                                           "compare them")
     p.add_argument("--max-sizes", type=positive_int, default=8,
                    help="one run: the most sizes to recommend (the budget)")
     p.add_argument("--threshold", type=float, default=0.05,
@@ -84,8 +85,11 @@ def recommend(times: dict[str, dict[int, list[tuple[float, int]]]],
 
 
 def run(args: argparse.Namespace) -> int:
-    reports = load_reports(args.runs)
-    if len({run_id(r) for r in reports}) == 1:
+    if len(args.runs) == 1:  # one run (its ranks: a folder); several: one path per run
+        reports = load_reports(args.runs)
+        if len({run_id(r) for r in reports}) > 1:
+            raise ReportError(f"{args.runs[0]}: holds reports of several runs; give each "
+                              "run's folder to compare them, or one run's to tune it")
         return _one_run(reports, args.max_sizes)
     rows = recommend(size_times(args.runs), args.threshold)
     table = Table(title=f"fxflops tune (threshold {args.threshold:.0%})")
