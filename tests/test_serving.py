@@ -218,8 +218,9 @@ def padded_server(tmp_path_factory):
     """One API server whose steps vLLM pads as under CUDA graphs (tests/padding_plugin:
     its dispatcher pads to multiples of 8; CUDA graphs cannot run on CPU)."""
     folder = tmp_path_factory.mktemp("serve1")
-    server = Server(folder, {"mode": 2, "backend": "eager"},
-                    env_extra={"PYTHONPATH": str(ROOT / "tests" / "padding_plugin")})
+    path = os.pathsep.join(p for p in (str(ROOT / "tests" / "padding_plugin"),
+                                       os.environ.get("PYTHONPATH")) if p)
+    server = Server(folder, {"mode": 2, "backend": "eager"}, env_extra={"PYTHONPATH": path})
     try:
         tokens = server.complete([5, 13, 20]) + server.complete([7])
         metrics, reports = server.settled()
