@@ -318,6 +318,7 @@ def test_example_report_compare_plot(tmp_path):
     shutil.copy(report, again)
     compared = cli("compare", str(report), str(again))
     assert compared.returncode == 0 and "graph0.backward" in compared.stdout
+    assert "training steps" in compared.stdout and "1.00x" in compared.stdout
     png = tmp_path / "plot.png"
     plotted = cli("plot", str(out), "-o", str(png))
     assert plotted.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"

@@ -17,6 +17,7 @@ from fxflops.report import (
     run_id,
     size_order,
 )
+from fxflops.steps import training_steps
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,5 +99,32 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(escape(r["graph"]), r["size"], cell(b, "median_ms"), cell(n, "median_ms"), speed,
                       cell(b, "flops", 1e-9), cell(n, "flops", 1e-9),
                       cell(b, "tflops", 1e3), cell(n, "tflops", 1e3))
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    _print_steps(console, steps_of(args.base), steps_of(args.new))
     return 0
+
+
+def steps_of(path: str) -> dict[str, dict[str, Any]]:
+    """A training run's per-step roll-up by size (fxflops.steps); empty for inference."""
+    reports = load_reports([path])
+    steps = training_steps(flat_rows(reports), reports[0].get("peak"))
+    return {str(s["size"]): s for s in steps if s["rank"] in (None, 0)}
+
+
+def _print_steps(console: Any, base: dict[str, dict[str, Any]],
+                 new: dict[str, dict[str, Any]]) -> None:
+    common = sorted(set(base) & set(new), key=lambda s: size_order(int(s) if s.isdigit() else s))
+    if not common:
+        return
+    table = Table(title="training steps (forward + backward + once-a-step graphs)")
+    for c in ("size", "base step ms", "new step ms", "speedup", "base model GFLOPs",
+              "new model GFLOPs"):
+        table.add_column(c, justify="right")
+    for size in common:
+        b, n = base[size], new[size]
+        speedup = b["step_ms"] / n["step_ms"] if n["step_ms"] else None
+        table.add_row(size, f"{b['step_ms']:.3f}", f"{n['step_ms']:.3f}",
+                      f"{speedup:.2f}x" if speedup else "-", fmt_num(b["model_flops"] / 1e9),
+                      fmt_num(n["model_flops"] / 1e9))
+    console.print(table)
