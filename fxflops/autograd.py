@@ -34,17 +34,6 @@ from fxflops.binder import static_size
 from fxflops.recording import recorder
 from fxflops.util import warn_once
 
-# inner backends whose AOTAutograd graphs fxflops can reach
-PHASED_INNERS = ("inductor", "eager", "aot_eager")
-
-
-def needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether AOTAutograd will make a backward for this Dynamo graph."""
-    if not torch.is_grad_enabled():
-        return False
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) or \
-        any(p.requires_grad for p in gm.parameters())
-
 
 def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inner: str,
                    name: str, meta: dict[str, Any], options: dict[str, Any]

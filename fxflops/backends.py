@@ -168,7 +168,7 @@ class InstrumentedGraph(SerializableCallable):
         try:
             row = self._rows[self._key(args)]
         except Exception:  # a new size (KeyError), or something no longer readable
-            return self._call_special(args, args)
+            return self._call_special(args)
         t0 = _now()
         out = self.inner(*args)
         ns = _now() - t0
@@ -179,18 +179,18 @@ class InstrumentedGraph(SerializableCallable):
         row.window[n % row.cap] = ns
         return out
 
-    def _call_special(self, args: Sequence[Any], call_args: Sequence[Any]) -> Any:
+    def _call_special(self, args: Sequence[Any]) -> Any:
         """First call at a size, run-time costs, a GPU: the one place sympy runs (once per
-        new size) and run-time costers are asked. ``args``: the graph's arguments, where
-        the size is read; ``call_args``: what the inner callable is called with (the same,
-        or the one boxed list)."""
+        new size) and run-time costers are asked. ``args``: the graph's arguments (a boxed
+        graph's one list)."""
         try:
             key = self._key(args)
             row = self._rows.get(key) or self.record.new_row(key)
             if self._runtime and row.runtime_terms:
                 charge_runtime(row)
         except Exception as e:
-            return self._give_up(e, call_args)
+            return self._give_up(e, args)
+        call_args = (args,) if self.boxed else args
         if self._timer is not None:
             return self._timer.time_call(self.inner, call_args, row)
         t0 = _now()
@@ -198,12 +198,12 @@ class InstrumentedGraph(SerializableCallable):
         row.add(_now() - t0)
         return out
 
-    def _give_up(self, error: Exception, call_args: Sequence[Any]) -> Any:
+    def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
         self.__class__ = _UninstrumentedBoxedGraph if self.boxed else _UninstrumentedGraph
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s: %s); it runs uninstrumented from now on", self.record.name,
                   type(error).__name__, error)
-        return self.inner(*call_args)
+        return self.inner(args) if self.boxed else self.inner(*args)
 
     def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
         """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
@@ -260,7 +260,7 @@ class _SpecialGraph(InstrumentedGraph):
     """An instrumented graph with run-time costs (vLLM attention) or on a GPU."""
 
     def __call__(self, *args: Any) -> Any:
-        return self._call_special(args, args)
+        return self._call_special(args)
 
 
 class _UninstrumentedGraph(InstrumentedGraph):
@@ -273,7 +273,8 @@ class _UninstrumentedGraph(InstrumentedGraph):
 class _BoxedGraph(InstrumentedGraph):
     """AOTAutograd's boxed calling convention (``torch._functorch``'s ``_boxed_call``): the
     arguments come as one list, which the inner callable may clear; the size is read
-    before it runs."""
+    before it runs. (A forward or backward of a training step: milliseconds, so
+    ``SizeStats.add`` is called rather than inlined.)"""
 
     boxed = True
     _boxed_call = True
@@ -282,25 +283,33 @@ class _BoxedGraph(InstrumentedGraph):
         try:
             row = self._rows[self._key(args)]
         except Exception:
-            return self._call_special(args, (args,))
+            return self._call_special(args)
         t0 = _now()
         out = self.inner(args)
-        ns = _now() - t0
-        n = row.count
-        row.count = n + 1
-        row.total_ns += ns
-        row.window[n % row.cap] = ns
+        row.add(_now() - t0)
         return out
 
 
 class _BoxedSpecialGraph(_BoxedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
-        return self._call_special(args, (args,))
+        return self._call_special(args)
 
 
 class _UninstrumentedBoxedGraph(_BoxedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
         return self.inner(args)
+
+
+# inner backends whose AOTAutograd graphs (forward and backward) fxflops instruments
+PHASED_INNERS = ("inductor", "eager", "aot_eager")
+
+
+def needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd will make a backward for this Dynamo graph."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) or \
+        any(p.requires_grad for p in gm.parameters())
 
 
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -325,8 +334,8 @@ class FxflopsBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
         inner_backend = resolve_inner(self.inner)
-        if _needs_grad(gm, example_inputs):
-            if self.inner in _phased_inners():
+        if needs_grad(gm, example_inputs):
+            if self.inner in PHASED_INNERS:
                 return self._compile_phases(gm, example_inputs, kwargs)
             warn_once(f"backward:{_inner_name(self.inner)}", "fxflops: inner backend %s: "
                       "only forward graphs are counted and timed (backward graphs are for "
@@ -351,7 +360,6 @@ class FxflopsBackend:
                       type(e).__name__, e)
             return compiled
 
-
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                         kwargs: dict[str, Any]) -> Callable[..., Any]:
         """A graph that needs gradients: its forward and backward graphs, one level down."""
@@ -362,7 +370,6 @@ class FxflopsBackend:
         return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
                               self._meta(), {**self.options, **kwargs})
 
-
     def _meta(self) -> dict[str, Any]:
         """The inner backend, and the Python frame Dynamo compiled: graphs of one frame
         are its recompiles (another size, a failed guard), which a step runs one of."""
@@ -371,18 +378,6 @@ class FxflopsBackend:
         if compile_id is not None and getattr(compile_id, "frame_id", None) is not None:
             meta["frame"] = compile_id.frame_id
         return meta
-
-
-def _needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    from fxflops.autograd import needs_grad
-
-    return needs_grad(gm, example_inputs)
-
-
-def _phased_inners() -> tuple[str, ...]:
-    from fxflops.autograd import PHASED_INNERS
-
-    return PHASED_INNERS
 
 
 def _inner_name(inner: Any) -> str:

@@ -111,10 +111,6 @@ class CostAt(NamedTuple):
     def vector_flops(self) -> int:
         return self.flops - self.matmul_flops
 
-    @property
-    def model_flops(self) -> int:
-        return self.flops - self.recomputed_flops
-
 
 @dataclasses.dataclass
 class Rollup:
@@ -194,11 +190,6 @@ class GraphCost:
                 raise KeyError(f"no size given for {', '.join(map(str, missing))}")
             return {s: by_name[str(s)] for s in self.symbols}
         return {s: int(sizes) for s in self.symbols}
-
-    @property
-    def model_flops(self) -> Count:
-        """FLOPs without recomputation (what MFU counts; ``flops`` is what HFU counts)."""
-        return total([self.flops, -1 * self.recomputed_flops])
 
     def totals(self) -> tuple[Count, ...]:
         """The fields of a CostAt, in its order, unbound."""

@@ -76,8 +76,9 @@ def samples(rec: Recorder) -> list[Sample]:
     for size, rows in _bounded(rec.forwards.values(), None, limit):
         labels = (("size", size), ("rank", rank_label))
         out += _row_samples("fxflops_forward", "whole forward (vLLM)", labels, rows)
-        scheduled = sum(n * c for r in rows for n, c in (r.scheduled or {}).items())
-        padded = sum(int(r.key[0]) * sum((r.scheduled or {}).values()) for r in rows if r.key)
+        per_row = [(int(r.key[0]) if r.key else 0, *r.scheduled_tokens()) for r in rows]
+        padded = sum(size * forwards for size, forwards, _ in per_row)
+        scheduled = sum(tokens for _, _, tokens in per_row)
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):
             out.append(Sample("counter", f"fxflops_forward_{name}", f"fxflops: {text}",
                               labels, value))

@@ -183,8 +183,8 @@ class Recorder:
         return record
 
     def reserve_index(self) -> int:
-        """An index no graph of this process has (to name the graphs one Dynamo graph
-        becomes: ``graph3.forward``, ``graph3.backward``)."""
+        """An index no graph of this process has (to name a backward graph whose forward
+        could not be registered: ``graph3.backward``)."""
         with self._lock:
             return next(self._ids)
 

@@ -136,13 +136,12 @@ def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> di
     spent on padding is the median apportioned by that FLOPs share (an estimate: a
     memory-bound step costs padding less)."""
     scheduled = row.scheduled or {}
-    forwards = sum(scheduled.values())
+    forwards, real = row.scheduled_tokens()
     size = row.key[0] if row.key else 0
     if not forwards or not size:
         return {"scheduled_tokens": 0, "padding_tokens": 0, "padding_share": 0.0,
                 "padding_flops_share": 0.0, "padding_ms": 0.0, "scheduled": {},
                 "captured": row.captured}
-    real = sum(n * c for n, c in scheduled.items())
     padding = forwards * size - real
     full = flops_at(size)
     if full:

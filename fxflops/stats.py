@@ -65,6 +65,11 @@ class SizeStats:
             scheduled = self.scheduled = {}
         scheduled[tokens] = scheduled.get(tokens, 0) + 1
 
+    def scheduled_tokens(self) -> tuple[int, int]:
+        """(forwards noted, tokens the scheduler gave them): see note_scheduled."""
+        scheduled = self.scheduled or {}
+        return sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
+
     def totals(self) -> tuple[int, int, int, int]:
         """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost
         per call times the calls, plus the run-time counts summed as they ran (exact ints;

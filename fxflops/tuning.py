@@ -48,6 +48,12 @@ class Served:
     kind: str
     scheduled: dict[int, int]
 
+    @property
+    def padding_share(self) -> float:
+        """The share of the tokens this size ran that were padding."""
+        forwards = sum(self.scheduled.values())
+        return 1 - sum(n * c for n, c in self.scheduled.items()) / (self.size * forwards)
+
 
 @dataclasses.dataclass
 class Recommendation:
@@ -124,20 +130,26 @@ def _merge(by_size: dict[int, Served], s: Served) -> None:
         by_size[s.size] = s
 
 
+def traffic(served: list[Served]) -> dict[int, int]:
+    """How many forwards had each scheduled token count (the sizes the run served)."""
+    out: dict[int, int] = defaultdict(int)
+    for s in served:
+        for n, c in s.scheduled.items():
+            out[n] += c
+    return out
+
+
 def recommend(served: list[Served], budget: int) -> Recommendation:
     """The sizes to compile or capture for this run's traffic (see the module's text)."""
     if not served:
         raise ReportError("the run served nothing (no timed calls): nothing to tune")
     if not any(s.median_ms > 0 for s in served):
         raise ReportError("the run has no timings (every median is 0): nothing to tune")
-    traffic: dict[int, int] = defaultdict(int)
-    for s in served:
-        for n, c in s.scheduled.items():
-            traffic[n] += c
-    if len(traffic) < 2:
-        raise ReportError(f"the run served one size only ({next(iter(traffic))}): nothing "
+    counts = traffic(served)
+    if len(counts) < 2:
+        raise ReportError(f"the run served one size only ({next(iter(counts))}): nothing "
                           "to choose between; tune on a run with the traffic to serve")
-    total = sum(traffic.values())
+    total = sum(counts.values())
     # the time the run took per step, as it ran (each forward at the size it ran at)
     now_ms = sum(s.calls * s.median_ms for s in served) / sum(s.calls for s in served)
     fast = Curve({s.size: s.median_ms for s in served if s.kind != GENERAL})
@@ -147,11 +159,11 @@ def recommend(served: list[Served], budget: int) -> Recommendation:
         notes.append(f"only {total} forwards: every figure here rests on little; serve more "
                      "traffic before trusting it")
     if any(s.kind == CAPTURED for s in served):
-        rec = _capture(traffic, fast, general, budget, served, now_ms)
+        rec = _capture(counts, fast, general, budget, served, now_ms)
     elif fast and general:
-        rec = _compile(traffic, fast, general, budget, now_ms)
+        rec = _compile(counts, fast, general, budget, now_ms)
     else:
-        rec = _thin(traffic, general or fast, budget, now_ms)
+        rec = _thin(counts, general or fast, budget, now_ms)
     rec.notes = notes + rec.notes
     return rec
 

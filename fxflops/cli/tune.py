@@ -23,7 +23,7 @@ from fxflops.cli.main import positive_int
 from fxflops.cli.tables import fmt_pct, make_console
 from fxflops.report import ReportError, load_reports, run_id
 from fxflops.tuning import recommend as recommend_one_run
-from fxflops.tuning import served_sizes
+from fxflops.tuning import served_sizes, traffic
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -120,20 +120,18 @@ def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
         table.add_column(c, justify="right")
     calls = sum(s.calls for s in served)
     for s in served:
-        real = sum(n * c for n, c in s.scheduled.items())
-        padding = 1 - real / (s.size * sum(s.scheduled.values()))
         table.add_row(str(s.size), str(s.calls), fmt_pct(s.calls / calls),
-                      f"{s.median_ms:.3f}", s.kind, fmt_pct(padding))
+                      f"{s.median_ms:.3f}", s.kind, fmt_pct(s.padding_share))
     console.print(table)
     if rec.sizes:
         chosen = Table(title=f"recommended ({rec.mode}, at most {budget} sizes)")
         for c in ("size", "traffic", "saves per step"):
             chosen.add_column(c, justify="right")
-        traffic = sum(c for s in served for c in s.scheduled.values())
+        counts = traffic(served)
+        forwards = sum(counts.values())
         for size in rec.sizes:
-            share = sum(c for s in served for n, c in s.scheduled.items() if n == size)
             gain = rec.gains_ms.get(size)
-            chosen.add_row(str(size), fmt_pct(share / traffic),
+            chosen.add_row(str(size), fmt_pct(counts.get(size, 0) / forwards),
                            "unknown" if gain is None else f"{gain:+.4f} ms")
         console.print(chosen)
     expected = "unknown" if rec.expected_ms is None else f"{rec.expected_ms:.4f} ms"
