@@ -40,7 +40,7 @@ def main() -> None:
     import test_vllm_families as fam
     from vllm.v1.metrics.perf import ExecutionContext
 
-    from fxflops.integrations.vllm.hooks import window_pairs
+    from fxflops.integrations.vllm.forward import window_pairs
     from fxflops.report import load_reports
 
     print("| family | what it has | decode FLOPs ctx~17 / ~161 | decode bytes ctx~17 / ~161 "

@@ -42,6 +42,28 @@ ARCHS: dict[str, dict] = {
                     "moe_layer_freq": 1, "topk_method": "greedy", "n_group": 1,
                     "topk_group": 1, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
                     "norm_topk_prob": False, "rope_scaling": None},
+    # hybrids: three Gated DeltaNet (linear attention) layers and one full attention layer,
+    # with MoE (CPU's GDN kernels take head dims 64 and 128, key dim = value dim)
+    "qwen3_next": {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+                   "num_hidden_layers": 4, "head_dim": 64, "linear_conv_kernel_dim": 4,
+                   "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+                   "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                   "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+                   "full_attention_interval": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                   "partial_rotary_factor": 0.25,
+                   "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                       "rope_type": "default"}},
+    # Mamba2 hybrid: a Mamba2 mixer, an MLP, attention, an MLP ("M-*-")
+    "nemotron_h": {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+                   "num_hidden_layers": 4, "hybrid_override_pattern": "M-*-", "head_dim": 64,
+                   "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64,
+                   "n_groups": 1, "expand": 2, "conv_kernel": 4, "chunk_size": 64,
+                   "use_conv_bias": True, "mamba_hidden_act": "silu", "mlp_hidden_act": "relu2",
+                   "mlp_bias": False, "use_bias": False, "attention_bias": False,
+                   "layer_norm_epsilon": 1e-05, "residual_in_fp32": False,
+                   "time_step_limit": [0.0, float("inf")], "rescale_prenorm_residual": True},
 }
 
 

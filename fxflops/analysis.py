@@ -24,9 +24,18 @@ from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fxflops import formulas, formulas_vllm, registry  # noqa: F401 (they register the built-ins)
+from fxflops import (  # noqa: F401 (they register the built-ins)
+    formulas,
+    formulas_ssm,
+    formulas_vllm,
+    formulas_vllm_gpu,
+    formulas_vllm_kernels,
+    registry,
+    vllm_op_classes,
+)
 from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import GraphCost, NodeCost, RuntimeCost, clean_module_path, to_count, total
+from fxflops.layers import check_layers
 from fxflops.registry import (  # noqa: F401 (fxflops.register_* are these)
     register_bytes,
     register_formula,
@@ -70,7 +79,14 @@ class _OpTally:
         if not is_view and name != "_operator.getitem":
             self.only_views = False
         if formula is not None:
-            flops = formula.fn(*args, out_val=out, **kwargs)
+            if formula.named:
+                flops = formula.fn(registry.bind_arguments(func, args, kwargs, out))
+            else:
+                flops = formula.fn(*args, out_val=out, **kwargs)
+            if isinstance(flops, registry.Split):
+                self.flops.append(flops.matmul + flops.vector)
+                self.matmul_flops.append(flops.matmul)
+                return
             if formula.runtime:
                 cost = flops if isinstance(flops, RuntimeCost) else RuntimeCost(flops)
                 self.runtime, self.runtime_cost = formula.runtime, cost
@@ -191,8 +207,15 @@ class CostAnalysis:
                 cost.recomputed = self.backward and _is_recomputed(node)
                 node.meta["fxflops"] = cost
                 nodes.append(cost)
-                for op in cost.uncounted:
-                    uncounted[op] += 1
+            # the safety net: layers whose counted FLOPs fall short of their sizes
+            layers = check_layers(self.gm, {c.name: c for c in nodes})
+        for cost in nodes:
+            for op in cost.uncounted:
+                uncounted[op] += 1
+        for e in layers.estimated:
+            warn_once(f"estimated:{e.ops}", "fxflops: layer %s (%s) counted from its sizes: "
+                      "no formula counts %s right (add one with fxflops.register_formula)",
+                      e.layer, e.type_name, ", ".join(e.ops))
         for op, n in uncounted.items():
             warn_once(f"uncounted:{op}", "fxflops: no FLOP formula for %s (%d nodes); counted "
                       "as 0 (add one with fxflops.register_formula)", op, n)
@@ -218,6 +241,7 @@ class CostAnalysis:
             num_nodes=len(self.gm.graph.nodes), binder=binder,
             recomputed_flops=total([n.flops for n in recomputed]),
             recomputed_matmul_flops=total([n.matmul_flops for n in recomputed]),
+            layers_checked=layers.checked, estimated=layers.estimated,
         )
 
     def _attr_value(self, node: torch.fx.Node) -> Any:
@@ -379,10 +403,12 @@ def analysis_version() -> str:
     import hashlib
     import inspect
 
-    from fxflops import __version__, cost
+    from fxflops import __version__, cost, layers, op_families
 
     digest = hashlib.sha1(__version__.encode())
-    for module in (sys.modules[__name__], cost, formulas, formulas_vllm, registry):
+    for module in (sys.modules[__name__], cost, formulas, formulas_vllm, formulas_ssm,
+                   formulas_vllm_gpu, formulas_vllm_kernels, vllm_op_classes, op_families,
+                   registry, layers):
         digest.update(inspect.getsource(module).encode())
     return digest.hexdigest()[:12]
 

@@ -172,11 +172,12 @@ class InstrumentedGraph(SerializableCallable):
         t0 = _now()
         out = self.inner(*args)
         ns = _now() - t0
-        # SizeStats.add, inlined: this is the whole per-call bookkeeping
+        # SizeStats.add, inlined: this is the whole per-call bookkeeping (the sample in
+        # place before the call is counted)
         n = row.count
-        row.count = n + 1
-        row.total_ns += ns
         row.window[n % row.cap] = ns
+        row.total_ns += ns
+        row.count = n + 1
         return out
 
     def _call_special(self, args: Sequence[Any]) -> Any:

@@ -83,11 +83,16 @@ class SizeBinder:
 _PARAM_NAME = re.compile(r"(_parameters_|_buffers_|^[pb]_)", re.IGNORECASE)
 
 
+def is_parameter_name(name: str) -> bool:
+    """A placeholder Dynamo lifted from a parameter or buffer (by its name)."""
+    return _PARAM_NAME.search(name) is not None
+
+
 def static_size(gm: torch.fx.GraphModule) -> int | str:
     """A static graph's size label: the leading dimension of its first data input
     (parameters and buffers, which Dynamo lifts to inputs too, are skipped by name)."""
     for node in gm.graph.nodes:
-        if node.op != "placeholder" or _PARAM_NAME.search(str(node.target)):
+        if node.op != "placeholder" or is_parameter_name(str(node.target)):
             continue
         val = meta_value(node)
         if isinstance(val, torch.Tensor) and val.dim() > 0:

@@ -80,10 +80,25 @@ class NodeCost:
     # a forward node a backward graph runs again (activation checkpointing, or the
     # partitioner recomputing cheap ops): hardware FLOPs, not model FLOPs
     recomputed: bool = False
+    # counted from its layer's sizes (fxflops.layers): why, and the ops no formula counted
+    estimated: str | None = None
+    estimated_ops: tuple[str, ...] = ()
 
     @property
     def vector_flops(self) -> Count:
         return total([self.flops, -1 * self.matmul_flops])
+
+
+@dataclasses.dataclass
+class EstimatedLayer:
+    """A layer counted from its sizes: the matmul FLOPs its nodes were counted fell short
+    of what its sizes imply (``fxflops.layers``)."""
+
+    layer: str  # module path
+    type_name: str
+    kind: str  # "linear", "moe" or "attention"
+    ops: tuple[str, ...]  # the ops no formula counted (right)
+    flops: Count  # matmul FLOPs added (attention: 0 here, counted at run time)
 
 
 class RuntimeCost(NamedTuple):
@@ -106,6 +121,8 @@ class CostAt(NamedTuple):
     # of ``flops`` and ``matmul_flops``: what the graph recomputes (see NodeCost.recomputed)
     recomputed_flops: int = 0
     recomputed_matmul_flops: int = 0
+    # of ``matmul_flops``: counted from layers' sizes (see GraphCost.estimated)
+    estimated_flops: int = 0
 
     @property
     def vector_flops(self) -> int:
@@ -144,10 +161,23 @@ class GraphCost:
     binder: SizeBinder | None = None
     recomputed_flops: Count = 0
     recomputed_matmul_flops: Count = 0
+    # layers checked against their own sizes, and those counted from them (fxflops.layers)
+    layers_checked: int = 0
+    estimated: list[EstimatedLayer] = dataclasses.field(default_factory=list)
 
     @property
     def vector_flops(self) -> Count:
         return total([self.flops, -1 * self.matmul_flops])
+
+    @property
+    def estimated_ops(self) -> dict[str, int]:
+        """Ops no formula counted right whose layers were counted from their sizes: op ->
+        layers."""
+        out: dict[str, int] = {}
+        for e in self.estimated:
+            for op in e.ops:
+                out[op] = out.get(op, 0) + 1
+        return out
 
     @property
     def matmul_dtype(self) -> str | None:
@@ -191,10 +221,15 @@ class GraphCost:
             return {s: by_name[str(s)] for s in self.symbols}
         return {s: int(sizes) for s in self.symbols}
 
+    @property
+    def estimated_flops(self) -> Count:
+        """Matmul FLOPs counted from layers' sizes rather than by their ops' formulas."""
+        return total([e.flops for e in self.estimated])
+
     def totals(self) -> tuple[Count, ...]:
         """The fields of a CostAt, in its order, unbound."""
         return (self.flops, self.matmul_flops, self.bytes_io, self.bytes_nodes,
-                self.recomputed_flops, self.recomputed_matmul_flops)
+                self.recomputed_flops, self.recomputed_matmul_flops, self.estimated_flops)
 
     def at(self, sizes: int | Mapping[Any, int] = 0, *,
            args: Sequence[Any] | None = None) -> CostAt:

@@ -175,7 +175,8 @@ register_zero_flop(
     "prims::iota", "prims::_low_memory_max_pool_offsets_to_indices",
 )
 # Python-level helpers Dynamo leaves in graphs.
-register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtins.getattr", "torch._C._set_grad_enabled",
+register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtins.getattr",
+                   "torch._C._set_grad_enabled", "torch._C._autograd._get_data_attr",
                    "higher_order::with_effects", "torch.autograd.grad_mode._enter_inference_mode",
                    "torch.autograd.grad_mode._exit_inference_mode", "_operator.setitem")
 

@@ -8,7 +8,7 @@ argument.
 from __future__ import annotations
 
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -17,7 +17,6 @@ from fxflops.registry import (
     register_bytes,
     register_formula,
     register_io_bytes,
-    register_zero_flop,
 )
 
 
@@ -45,9 +44,18 @@ _QUANT_GEMMS_RETURNING = [
     "_C::fp8_marlin_gemm", "_C::machete_mm", "_C::awq_gemm", "_C::gptq_gemm",
     "_C::marlin_qqq_gemm", "_C::allspark_w8a16_gemm", "_C::ggml_mul_mat_a8",
     "vllm::apply_w8a8_block_fp8_linear", "vllm::w8a8_block_fp8_matmul",
+    # CPU, x86 with AMX (sgl-kernels): the activation first, quantised inside the kernel
+    "_C::int8_scaled_mm_with_quant", "_C::fp8_scaled_mm_cpu", "_C::fp8_scaled_mm_with_quant",
+    "_C::int4_scaled_mm_cpu",
 ]
 _QUANT_GEMMS_OUT = ["_C::cutlass_scaled_mm", "_C::cutlass_scaled_mm_azp",
                     "_C::cutlass_scaled_fp4_mm", "_C::cutlass_scaled_mm_blockwise"]
+# CPU linears that write their first argument: oneDNN's; on x86 with AMX the SGL kernel a
+# bf16/fp16 weight of at most 1 MiB goes to (vllm/model_executor/layers/utils.py,
+# check_cpu_sgl_kernel), its weight VNNI-packed (or fp32 for N < 16: never read for the
+# count); SGL's batched matmul (MLA's absorbed projections on AMX)
+_CPU_GEMMS_OUT = ["_C::onednn_mm", "_C::onednn_scaled_mm", "_C::weight_packed_linear",
+                  "_C::bmm_cpu"]
 
 
 @register_formula(_QUANT_GEMMS_RETURNING, kind="matmul")
@@ -57,9 +65,18 @@ def quantized_gemm_flop(a_shape, *args, out_shape=None, **kwargs) -> Any:
 
 
 # out-variant linears: the output is the first argument, the activation the second
-@register_formula(["_C::onednn_mm", "_C::onednn_scaled_mm", *_QUANT_GEMMS_OUT], kind="matmul")
+@register_formula([*_CPU_GEMMS_OUT, *_QUANT_GEMMS_OUT], kind="matmul")
 def out_variant_mm_flop(c_shape, a_shape, *args, out_shape=None, **kwargs) -> Any:
+    """``2·M·K·N`` (``bmm_cpu``: M counts every batch's rows, ``B·M``)."""
     m, k, n = _mm_dims(c_shape, a_shape)
+    return 2 * m * k * n
+
+
+@register_formula(["_C::cpu_gemm_wna16"], kind="matmul")
+def cpu_gemm_wna16_flop(input_shape, q_weight_shape, output_shape, *args, out_shape=None,
+                        **kwargs) -> Any:
+    """CPU weight-only int4/int8 GEMM (GPTQ/AWQ on CPU): activation first, output third."""
+    m, k, n = _mm_dims(output_shape, input_shape)
     return 2 * m * k * n
 
 
@@ -91,11 +108,16 @@ def fused_add_rms_norm_flop(input_shape, residual_shape, *args, out_shape=None, 
     return 5 * _numel(input_shape)
 
 
-@register_formula(["_C::silu_and_mul", "_C::gelu_and_mul", "_C::gelu_tanh_and_mul",
-                   "_C::gelu_fast", "_C::gelu_new", "_C::gelu_quick"])
+@register_formula(["_C::silu_and_mul", "_C::gelu_and_mul", "_C::gelu_tanh_and_mul"])
 def act_and_mul_flop(out_shape_arg, input_shape, *args, out_shape=None, **kwargs) -> Any:
     # activation + multiply: one FLOP each per output element (the vector convention)
     return 2 * _numel(out_shape_arg)
+
+
+@register_formula(["_C::gelu_fast", "_C::gelu_new", "_C::gelu_quick"])
+def activation_flop(out_shape_arg, input_shape, *args, out_shape=None, **kwargs) -> Any:
+    # an activation alone: one FLOP per output element
+    return _numel(out_shape_arg)
 
 
 @register_formula("_C::rotary_embedding")
@@ -117,6 +139,46 @@ def layer_name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# --- attention: the arithmetic, in one place --------------------------------------------
+#
+# Used by the graph's attention ops (below), by the whole-forward rows and by the layer
+# safety net (fxflops.integrations.vllm), which read the same sizes off the layers.
+
+
+def attention_flops_per_pair(heads: Any, qk_dim: Any, v_dim: Any) -> Any:
+    """Per (query, key) pair: QK^T (``H·D_qk`` multiply-adds) and PV (``H·D_v``), 2 FLOPs a
+    multiply-add."""
+    return 2 * heads * qk_dim + 2 * heads * v_dim
+
+
+def kv_bytes_per_token(kv_heads: Any, k_dim: Any, v_dim: Any, element_size: int) -> Any:
+    """KV-cache bytes one context token costs a layer to read: its K and V."""
+    return kv_heads * (k_dim + v_dim) * element_size
+
+
+def mla_costs(heads: int, nope: int, rope: int, v_dim: int, latent: int,
+              element_size: int) -> tuple[int, int]:
+    """MLA per pair (QK^T over the no-RoPE and RoPE parts, PV) and per context token (the
+    latent cache entry and its RoPE key)."""
+    return (attention_flops_per_pair(heads, nope + rope, v_dim),
+            (latent + rope) * element_size)
+
+
+def attention_costs(layer: Any, element_size: int) -> tuple[int, int] | None:
+    """(FLOPs per pair, KV-cache bytes per context token) of a vLLM attention layer, read
+    off the layer (None: not an attention layer)."""
+    heads = getattr(layer, "num_heads", None)
+    if heads is None or not hasattr(layer, "impl"):
+        return None
+    if hasattr(layer, "kv_lora_rank"):  # MLA
+        return mla_costs(int(heads), int(layer.qk_nope_head_dim), int(layer.qk_rope_head_dim),
+                         int(layer.v_head_dim), int(layer.kv_lora_rank), element_size)
+    d = int(layer.head_size)
+    dv = int(getattr(layer, "head_size_v", None) or d)
+    return (attention_flops_per_pair(int(heads), d, dv),
+            kv_bytes_per_token(int(layer.num_kv_heads), d, dv, element_size))
+
+
 @register_formula(["vllm::unified_attention_with_output", "vllm::unified_attention"],
                   kind="matmul", runtime="attention", get_raw=True)
 def unified_attention_cost(query, key, value, output=None, layer=None, *args, out_val=None,
@@ -132,8 +194,11 @@ def unified_attention_cost(query, key, value, output=None, layer=None, *args, ou
     tokens = query.shape[0]
     q_per_token = query.numel() // tokens
     o_per_token = out.numel() // tokens if out is not None else q_per_token
-    kv_per_token = (key.numel() + value.numel()) // tokens * key.element_size()
-    return RuntimeCost(2 * q_per_token + 2 * o_per_token, kv_per_token, layer_name(layer))
+    # per token: H·D_qk of queries and H·D_v of output; the per-head sizes cancel
+    per_pair = attention_flops_per_pair(1, q_per_token, o_per_token)
+    kv_per_token = kv_bytes_per_token(1, key.numel() // tokens, value.numel() // tokens,
+                                      key.element_size())
+    return RuntimeCost(per_pair, kv_per_token, layer_name(layer))
 
 
 @register_formula(["vllm::unified_mla_attention_with_output", "vllm::unified_mla_attention"],
@@ -151,16 +216,13 @@ def unified_mla_attention_cost(q, kv_c_normed, k_pe, output=None, layer=None, *a
     latent, rope = kv_c_normed.shape[-1], k_pe.shape[-1]
     v_dim = out.numel() // (tokens * heads) if out is not None else qk_dim - rope
     nope = qk_dim - rope
-    per_token_bytes = (latent + rope) * kv_c_normed.element_size()
-    return RuntimeCost(2 * heads * qk_dim + 2 * heads * v_dim, per_token_bytes,
-                       layer_name(layer), 2 * tokens * latent * heads * (nope + v_dim))
+    per_pair, per_token_bytes = mla_costs(heads, nope, rope, v_dim, latent,
+                                          kv_c_normed.element_size())
+    return RuntimeCost(per_pair, per_token_bytes, layer_name(layer),
+                       2 * tokens * latent * heads * (nope + v_dim))
 
 
-# collectives move data between ranks: communication, not compute (zero FLOPs here)
-register_zero_flop("vllm::unified_kv_cache_update", "vllm::unified_mla_kv_cache_update",
-                   "vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter",
-                   "_C::shm_allreduce", "_C::shm_gather", "_C::shm_all_gather",
-                   "vllm::outplace_all_reduce", "vllm::inplace_all_reduce")
+# (KV-cache updates and collectives are zero-FLOP: ``vllm_op_classes``)
 
 
 # --- mixture of experts ------------------------------------------------------------------
@@ -196,21 +258,91 @@ def cpu_fused_moe_io_bytes(output, input, w13, w2, *args, **kwargs) -> Any:
     return -unused * (weights // experts)
 
 
-def _vllm_layer(name: Any) -> Any:
-    """The vLLM module an op names (MoE layers keep their weights there, not in the op's
-    arguments): looked up in the config vLLM compiles under."""
+def _from_forward_context(name: str) -> Any:
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    return get_forward_context().no_compile_layers.get(name)
+
+
+def _from_current_config(name: str) -> Any:
     from vllm.config import get_current_vllm_config
 
-    layers = get_current_vllm_config().compilation_config.static_forward_context
-    return layers[str(layer_name(name))]
+    return get_current_vllm_config().compilation_config.static_forward_context.get(name)
 
 
-def _moe_dims(layer: Any) -> tuple[int, int, int, int, bool]:
-    """(top k, local experts, hidden, intermediate per partition, gated) of a FusedMoE."""
-    experts = getattr(layer, "local_num_experts", None) or layer.global_num_experts
-    gated = getattr(layer, "is_act_and_mul", True)
-    return (layer.top_k, experts, layer.hidden_size, layer.intermediate_size_per_partition,
-            gated)
+# more ways to find a layer by name (the vLLM integration adds its census of the models it
+# saw compiled: on CPU, mode 2 compiles outside any vLLM config or forward context)
+LAYER_LOOKUPS: list[Any] = []
+
+
+def _vllm_layer(name: Any) -> Any:
+    """The vLLM module an op names (MoE and state-space layers keep their weights and sizes
+    there, not in the op's arguments): from vLLM's forward context, the config vLLM
+    compiles under, or the integration's census, whichever has it."""
+    key = str(layer_name(name))
+    for lookup in (_from_forward_context, _from_current_config, *LAYER_LOOKUPS):
+        try:
+            layer = lookup(key)
+        except Exception:  # that source is not there now (no context, no config)
+            layer = None
+        if layer is not None:
+            return layer
+    raise LookupError(f"vLLM layer {key!r} not found (no forward context, vLLM config or "
+                      "model that has it)")
+
+
+class MoEDims(NamedTuple):
+    top_k: int
+    local_experts: int
+    global_experts: int
+    hidden: int
+    intermediate: int  # per partition (tensor parallelism)
+    gated: bool  # gate and up projections (H -> 2I), as SiLU-and-mul
+
+    @property
+    def share(self) -> float:
+        """This rank's share of the routed tokens (expert parallelism: local / global)."""
+        return self.local_experts / (self.global_experts or self.local_experts)
+
+
+def moe_dims(layer: Any) -> MoEDims | None:
+    """The sizes of a vLLM MoE layer: a ``MoERunner`` (vLLM 0.32 on; its sizes in
+    ``moe_config``, its weights in ``routed_experts``) or an older ``FusedMoE`` (sizes on
+    the layer). None: neither."""
+    cfg = getattr(layer, "moe_config", None)
+    if cfg is not None and hasattr(cfg, "experts_per_token"):
+        activation = getattr(cfg, "activation", None)
+        gated = bool(getattr(activation, "is_gated", True))
+        inter = getattr(cfg, "intermediate_size_per_partition", -1)
+        if inter is None or inter < 0:
+            inter = cfg.intermediate_size
+        return MoEDims(int(cfg.experts_per_token),
+                       int(cfg.num_local_experts or cfg.num_experts), int(cfg.num_experts),
+                       int(cfg.hidden_dim), int(inter), gated)
+    if hasattr(layer, "top_k") and hasattr(layer, "intermediate_size_per_partition"):
+        global_experts = int(getattr(layer, "global_num_experts", 0) or 0)
+        local = int(getattr(layer, "local_num_experts", 0) or global_experts)
+        return MoEDims(int(layer.top_k), local, global_experts or local,
+                       int(layer.hidden_size), int(layer.intermediate_size_per_partition),
+                       bool(getattr(layer, "is_act_and_mul", True)))
+    return None
+
+
+def moe_weights(layer: Any) -> int:
+    """Bytes of a MoE layer's routed experts' weights (``w13_*`` and ``w2_*`` tensors, on
+    the layer or its ``routed_experts``)."""
+    holder = getattr(layer, "routed_experts", None) or layer
+    return sum(p.numel() * p.element_size() for name, p in holder.named_parameters()
+               if name.split(".")[-1].startswith(("w13_", "w2_")))
+
+
+def _moe_layer_dims(name: Any) -> MoEDims:
+    dims = moe_dims(_vllm_layer(name))
+    if dims is None:
+        raise TypeError(f"layer {layer_name(name)} has no MoE sizes fxflops knows")
+    return dims
 
 
 def _linear_flops_per_token(module: Any) -> int:
@@ -233,11 +365,9 @@ def moe_forward_flop(hidden_states, router_logits, shared_input=None, input_ids=
                      layer=None, *args, out_val=None, **kwargs) -> Any:
     """vLLM's MoE on a GPU: the weights live in the layer the op names. The routed experts
     of this rank (expert parallelism: a share ``local / global`` of the routed tokens)."""
-    mod = _vllm_layer(layer)
-    top_k, local, hidden, inter, gated = _moe_dims(mod)
-    share = local / getattr(mod, "global_num_experts", local)
-    per_routed = int(share * 2 * hidden * inter * (3 if gated else 2))
-    return per_routed * hidden_states.shape[0] * top_k
+    dims = _moe_layer_dims(layer)
+    per_routed = int(dims.share * 2 * dims.hidden * dims.intermediate * (3 if dims.gated else 2))
+    return per_routed * hidden_states.shape[0] * dims.top_k
 
 
 @register_formula(["vllm::moe_forward_shared"], kind="matmul", get_raw=True)
@@ -245,8 +375,13 @@ def moe_forward_shared_flop(hidden_states, router_logits, shared_input=None, inp
                             layer=None, *args, out_val=None, **kwargs) -> Any:
     """``moe_forward`` plus the shared experts, which this op runs beside the routed ones."""
     routed = moe_forward_flop(hidden_states, router_logits, shared_input, input_ids, layer)
-    shared = getattr(_vllm_layer(layer), "shared_experts", None)
-    per_token = _linear_flops_per_token(shared) if shared is not None else 0
+    mod = _vllm_layer(layer)
+    shared = getattr(mod, "shared_experts", None)
+    if shared is None:  # a MoERunner wraps them in its SharedExperts
+        wrapped = getattr(mod, "_shared_experts", None)
+        shared = getattr(wrapped, "shared_experts", None) or getattr(wrapped, "_module", None) \
+            or wrapped
+    per_token = _linear_flops_per_token(shared) if isinstance(shared, torch.nn.Module) else 0
     return routed + hidden_states.shape[0] * per_token
 
 
@@ -256,10 +391,9 @@ def moe_forward_io_bytes(hidden_states, router_logits, shared_input=None, input_
     """The experts' weights are in the layer, not among the graph's inputs: the ones the
     step's tokens can reach are added (bytes per expert from the layer's own tensors)."""
     mod = _vllm_layer(layer)
-    top_k, local, *_ = _moe_dims(mod)
-    weights = sum(p.numel() * p.element_size() for name, p in mod.named_parameters()
-                  if name.startswith(("w13_", "w2_")))
-    return _routed(hidden_states.shape[0], top_k, local) * (weights // local)
+    dims = _moe_layer_dims(layer)
+    local = dims.local_experts
+    return _routed(hidden_states.shape[0], dims.top_k, local) * (moe_weights(mod) // local)
 
 
 @register_io_bytes(["_C::rotary_embedding"])

@@ -68,10 +68,26 @@ def samples(rec: Recorder) -> list[Sample]:
     limit = config.PROMETHEUS_SIZES.get()
     out: list[Sample] = []
     for g in rec.graphs:
+        estimated = g.cost.estimated
         for size, rows in _bounded(g.rows.values(), g.overflow, limit):
             labels: tuple[tuple[str, str], ...] = (("graph", g.name), ("size", size),
                                                    ("rank", rank_label))
             out += _row_samples("fxflops_graph", "compiled graph", labels, rows)
+            if estimated:
+                value = sum((r.cost.estimated_flops if r.cost else 0) * r.count for r in rows)
+                out.append(Sample("counter", "fxflops_graph_estimated_flops",
+                                  "fxflops: matmul FLOPs counted from layers' sizes (an op no "
+                                  "formula counts right; see fxflops_graph_estimated_layers)",
+                                  labels, value))
+        ops: dict[str, int] = {}
+        for e in estimated:
+            for op in e.ops:
+                ops[op] = ops.get(op, 0) + 1
+        for op, count in sorted(ops.items()):
+            out.append(Sample("gauge", "fxflops_graph_estimated_layers",
+                              "fxflops: layers counted from their sizes because no formula "
+                              "counts this op (the report names them)",
+                              (("graph", g.name), ("op", op), ("rank", rank_label)), count))
     forward_costs(rec)
     for size, rows in _bounded(rec.forwards.values(), None, limit):
         labels = (("size", size), ("rank", rank_label))

@@ -10,6 +10,7 @@ import atexit
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -199,6 +200,7 @@ class Recorder:
     def stats(self) -> list[dict[str, Any]]:
         from fxflops.report import graph_rows
 
+        collect_samples()
         return [row for g in self.graphs for row in graph_rows(g, self.peak())]
 
     def peak(self) -> dict[str, Any]:
@@ -209,6 +211,7 @@ class Recorder:
     def to_dict(self) -> dict[str, Any]:
         from fxflops.report import build_report
 
+        collect_samples()
         return build_report(self)
 
     def save(self, path: str | os.PathLike[str]) -> str:
@@ -234,14 +237,17 @@ class Recorder:
 
         return os.path.join(out, report_filename(self.info))
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
         """Write the report to ``$FXFLOPS_OUT`` (and the dumps of sizes new since the last
         flush), and with ``FXFLOPS_PROMETHEUS`` the counters' files (``fxflops.metrics``).
-        Never raises: a full disk or a bad folder is warned about once."""
+        CUDA-event samples still in flight are waited for first (on this thread: the host's
+        never waits); ``final`` (at exit): CUDA-graph replays too. Never raises: a full
+        disk or a bad folder is warned about once."""
         path = self.default_path()
         metrics_dir = _metrics_dir()
         if not (path or metrics_dir) or not self.graphs:
             return
+        collect_samples(wait=True, final=final)
         with self._flush_lock:
             for where, write in ((path, self._write_report), (metrics_dir, self._write_metrics)):
                 if not where:
@@ -334,7 +340,24 @@ _DUTY = 0.01
 
 def _flush_current() -> None:
     if _RECORDER is not None:
-        _RECORDER.flush()
+        _RECORDER.flush(final=True)
+
+
+def collect_samples(wait: bool = False, final: bool = False) -> None:
+    """Read the CUDA-event samples that have arrived (``wait``: wait for the eager calls'
+    still in flight; ``final``: for CUDA-graph replays too). Nothing to do, and nothing
+    imported, where no CUDA timer was ever made."""
+    timing = sys.modules.get("fxflops.timing")
+    if timing is None:
+        return
+    try:
+        if final:
+            timing.finish_all()
+        else:
+            timing.harvest_all(wait=wait)
+    except Exception as e:  # a device error must not stop the report
+        warn_once("harvest", "fxflops: could not read CUDA-event samples (%s: %s)",
+                  type(e).__name__, e)
 
 
 _SIGNALS_HOOKED = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch.utils.flop_counter import shape_wrapper
@@ -20,18 +20,47 @@ FlopKind = Literal["matmul", "vector"]
 
 @dataclasses.dataclass(frozen=True)
 class Formula:
-    """A registered formula: ``fn(*args, out_val=..., **kwargs) -> flops``."""
+    """A registered formula: ``fn(*args, out_val=..., **kwargs) -> flops``, or with
+    ``named``: ``fn(arguments)``, the op's arguments by their schema names (and its return
+    value as ``"out"``). A formula may return a :class:`Split` to give both classes."""
 
     fn: Callable[..., Any]
     kind: FlopKind
     # Ops whose FLOPs depend on run-time state (vLLM attention: KV lengths) are counted
     # per call by an integration; the static formula only counts what shapes tell.
     runtime: str | None = None
+    named: bool = False
+
+
+class Split(NamedTuple):
+    """FLOPs of an op that does both kinds of work (a fused MoE's GEMMs and activation, a
+    state-space scan's products and decay): ``matmul`` and ``vector`` apart."""
+
+    matmul: Any
+    vector: Any
+
+    def plus(self, other: Split) -> Split:
+        return Split(self.matmul + other.matmul, self.vector + other.vector)
+
+    def times(self, n: Any) -> Split:
+        return Split(self.matmul * n, self.vector * n)
 
 
 FORMULAS: dict[str, Formula] = {}
 # Ops that move or reinterpret data but do no arithmetic. Not "uncounted": known to be 0.
 ZERO_FLOP_OPS: set[str] = set()
+# Ops that are no compute of a model's forward at all: set-up at load time (weight packing,
+# kernel handles), capability queries, memory and process management, the sampler's and
+# speculative decoding's helpers. Zero FLOPs should one ever appear in a graph.
+NOT_COMPUTE_OPS: set[str] = set()
+# Kernels that run only inside another op a graph holds (the attention backend's kernels
+# inside ``vllm::unified_attention_with_output``, a MoE backend's inside
+# ``vllm::moe_forward``): counted by that op's formula. kernel -> the op that calls it.
+INSIDE_OPS: dict[str, str] = {}
+# Ops known and not costable from what a graph holds: op -> why. Their nodes stay
+# "uncounted" (and the layer safety net may count their layer from its sizes); the audit
+# lists them as known gaps rather than as ops never looked at.
+UNCOSTABLE_OPS: dict[str, str] = {}
 # Ops whose bytes are not their tensor arguments' (a weight hidden in a handle, say).
 BYTES_FORMULAS: dict[str, Callable[..., Any]] = {}
 # Ops whose reads the graph's inputs misstate: bytes to add to the graph's ``bytes_io``.
@@ -64,30 +93,87 @@ def _names(targets: Any) -> list[str]:
 
 
 def register_formula(
-    targets: Any, *, kind: FlopKind = "vector", get_raw: bool = False, runtime: str | None = None
+    targets: Any, *, kind: FlopKind = "vector", get_raw: bool = False, runtime: str | None = None,
+    named: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a FLOP formula for one or more ops (packets, overloads or ``"ns::name"``).
 
     Like ``torch.utils.flop_counter.register_flop_formula``: unless ``get_raw``, the formula
-    receives shapes in place of tensors and ``out_shape=`` for the output. ``kind="matmul"``
-    puts the FLOPs in the class MFU is measured on. A later registration replaces an
-    earlier one, so users can override a built-in formula.
+    receives shapes in place of tensors and ``out_shape=`` for the output. ``named``: it
+    receives one dict, the op's arguments by their schema names (tensors as they are) and
+    ``"out"``, what the op returned. ``kind="matmul"`` puts the FLOPs in the class MFU is
+    measured on (a :class:`Split` result gives both classes). A later registration replaces
+    an earlier one, so users can override a built-in formula.
     """
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        wrapped = fn if get_raw else shape_wrapper(fn)
+        wrapped = fn if (get_raw or named) else shape_wrapper(fn)
         for name in _names(targets):
-            FORMULAS[name] = Formula(wrapped, kind, runtime)
+            FORMULAS[name] = Formula(wrapped, kind, runtime, named)
             ZERO_FLOP_OPS.discard(name)
+            NOT_COMPUTE_OPS.discard(name)
         return fn
 
     return decorator
+
+
+def bind_arguments(op: Any, args: Any, kwargs: dict[str, Any], out: Any) -> dict[str, Any]:
+    """An op's arguments by their schema names, defaults filled in, and ``"out"``: what a
+    ``named`` formula receives."""
+    named: dict[str, Any] = {}
+    schema = getattr(op, "_schema", None)
+    if schema is not None:
+        for i, a in enumerate(schema.arguments):
+            if i < len(args):
+                named[a.name] = args[i]
+            elif a.name in kwargs:
+                named[a.name] = kwargs[a.name]
+            elif a.has_default_value():
+                named[a.name] = a.default_value
+    named.update({k: v for k, v in kwargs.items() if k not in named})
+    # what the op returned; an out-variant op's own "out" argument keeps its name
+    named.setdefault("out", out)
+    return named
 
 
 def register_zero_flop(*targets: Any) -> None:
     """Declare ops as known zero-FLOP (views, copies, allocation, indexing)."""
     for t in targets:
         ZERO_FLOP_OPS.update(_names(t))
+
+
+def register_not_compute(*targets: Any) -> None:
+    """Declare ops that are no compute of a model's forward (see ``NOT_COMPUTE_OPS``)."""
+    for t in targets:
+        NOT_COMPUTE_OPS.update(_names(t))
+
+
+def register_inside(caller: str, *kernels: str) -> None:
+    """Declare ``kernels`` as run only inside ``caller`` (see ``INSIDE_OPS``)."""
+    for kernel in kernels:
+        INSIDE_OPS[kernel] = caller
+
+
+def register_uncostable(op: str, why: str) -> None:
+    """Declare ``op`` known and not costable (see ``UNCOSTABLE_OPS``)."""
+    UNCOSTABLE_OPS[op] = why
+
+
+def classify(name: str) -> str | None:
+    """How fxflops counts the op ``name``: "costed" (a formula), "inside" (counted by the op
+    that calls it), "zero" (known zero-FLOP), "not_compute" (no compute of a forward),
+    "uncostable" (known, not costable: a listed gap), or None (never looked at)."""
+    if formula_for(name) is not None:
+        return "costed"
+    if name in INSIDE_OPS:
+        return "inside"
+    if name in ZERO_FLOP_OPS or out_of_place(name) in ZERO_FLOP_OPS:
+        return "zero"
+    if name in NOT_COMPUTE_OPS:
+        return "not_compute"
+    if name in UNCOSTABLE_OPS:
+        return "uncostable"
+    return None
 
 
 def register_io_bytes(targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -127,7 +213,8 @@ def is_zero_flop(target: Any) -> bool:
     if isinstance(target, torch._ops.OpOverload) and target.is_view:
         return True
     name = op_name(target)
-    return name in ZERO_FLOP_OPS or out_of_place(name) in ZERO_FLOP_OPS
+    return name in ZERO_FLOP_OPS or out_of_place(name) in ZERO_FLOP_OPS or \
+        name in NOT_COMPUTE_OPS
 
 
 def is_pointwise(target: Any) -> bool:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -70,7 +72,8 @@ def _rollups(rollups: dict[str, Rollup], limit: int = 50) -> list[dict[str, Any]
 def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     """A row's figures; recomputed only when the row changed since they were last made (a
     flush of thousands of sizes redoes only those that ran since the last one)."""
-    stamp = (row.count, row.runtime_calls, row.cost, peak.get("tflops"), peak.get("gbps"))
+    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, row.cost,
+             peak.get("tflops"), peak.get("gbps"))
     if row.figures is not None and row.figures[0] == stamp:
         return row.figures[1]
     pct = row.percentiles()
@@ -83,6 +86,9 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
     bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
     fig: dict[str, Any] = {
         "size": row.size, "key": list(row.key), "calls": row.count,
+        # calls timed (CUDA events time a call after it is counted), and calls whose time
+        # never came (dropped past the in-flight cap, or a replay read too late)
+        "timed_calls": row.samples_taken, "lost_samples": row.lost,
         "total_ms": row.total_ns / 1e6, **pct,
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
         "runtime_bytes": int(runtime_bytes),
@@ -90,6 +96,8 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
         "gflops": flops / 1e9,
         "recomputed_flops": cost.recomputed_flops if cost else 0,
         "recomputed_matmul_flops": cost.recomputed_matmul_flops if cost else 0,
+        # of matmul_flops, what layers' sizes gave (ops no formula counted right)
+        "estimated_flops": cost.estimated_flops if cost else 0,
     }
     fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals()
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
@@ -186,6 +194,11 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
             "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),
             "by_op": _rollups(c.by_op()), "by_module": _rollups(c.by_module()),
             "uncounted": c.uncounted,
+            # the safety net: layers checked against their own sizes, and those counted
+            # from them because no formula counted their ops right
+            "layers": {"checked": c.layers_checked, "estimated": [
+                {"layer": e.layer, "type": e.type_name, "kind": e.kind, "ops": list(e.ops),
+                 "flops": _count(e.flops)} for e in c.estimated]},
         }
     return g.summary
 
@@ -229,8 +242,19 @@ def write_atomic(data: dict[str, Any], path: str | os.PathLike[str]) -> str:
 
 # a report of every size of a large piecewise model is tens of MB; past this, it is none
 MAX_REPORT_BYTES = 512 << 20
+# Every number in a report is a count, a time, FLOPs, bytes, or a rate or share of them:
+# never negative, never NaN or infinite, and far below 1e30 (a year at an exaFLOP/s is
+# 3e25 FLOPs). Past that, a number is damage, and the CLI's sums, products and float
+# conversions of it would overflow.
+MAX_NUMBER = 10**30
+# a size is a tensor dimension (or, for ``BxS``, a product of them): an int64
+MAX_SIZE = 2**63 - 1
+_LIMITS = {MAX_NUMBER: "1e30", MAX_SIZE: "2**63-1 (a size)"}
 
 _NUMBER = (int, float)
+_MAYBE_NUMBER = (int, float, type(None))
+_MAYBE_STR = (str, type(None))
+_MAYBE_INT = (int, type(None))
 _ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "size": (int, str), "calls": (int,), "total_ms": _NUMBER, "median_ms": _NUMBER,
     "p90_ms": _NUMBER, "flops": _NUMBER, "matmul_flops": _NUMBER, "runtime_flops": _NUMBER,
@@ -238,22 +262,128 @@ _ROW_FIELDS: dict[str, tuple[type, ...]] = {
 }
 _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "key": (list,), "p10_ms": _NUMBER, "bytes_nodes": _NUMBER, "gflops": _NUMBER,
-    "tflops": (*_NUMBER, type(None)), "gbps": (*_NUMBER, type(None)),
-    "mfu": (*_NUMBER, type(None)), "hfu": (*_NUMBER, type(None)),
+    "tflops": _MAYBE_NUMBER, "gbps": _MAYBE_NUMBER, "mfu": _MAYBE_NUMBER, "hfu": _MAYBE_NUMBER,
+    "intensity": _MAYBE_NUMBER, "bound": _MAYBE_STR, "roofline_ms": _MAYBE_NUMBER,
+    "roofline_share": _MAYBE_NUMBER, "runtime_bytes": _NUMBER,
     "recomputed_flops": _NUMBER, "recomputed_matmul_flops": _NUMBER,
     "total_flops": _NUMBER, "total_matmul_flops": _NUMBER, "total_bytes": _NUMBER,
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
-    "captured": (int,),
+    "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),
+    "estimated_flops": _NUMBER,
+    # what flat_rows and the CLI add to a row: a row's own would override them, so they
+    # must be what the CLI groups by and prints (hashable, text)
+    "graph": (str,), "graph_id": (int,), "run": (str,), "rank": (int, str, type(None)),
+    "pid": _MAYBE_INT, "fingerprint": _MAYBE_STR, "phase": _MAYBE_STR,
+    "source": _MAYBE_STR, "frame": (int, str, type(None)), "ranks": (int,),
+    "outside_share": _MAYBE_NUMBER, "graphs_ms": _NUMBER,
 }
 _GRAPH_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "rows": (list,)}
 _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
     "meta": (dict,), "symbols": (list,), "uncounted": (dict,), "dropped_sizes": (int,),
-    "fingerprint": (str,), "id": (int,)}
+    "fingerprint": (str,), "id": (int,), "nodes": (int,),
+    # an int for a static graph, else the expression of its size symbols
+    "flops": (int, str), "matmul_flops": (int, str), "bytes_io": (int, str),
+    "bytes_nodes": (int, str), "runtime_ops": (list,), "by_op": (list,), "by_module": (list,),
+    "layers": (dict,)}
+_LAYERS_OPTIONAL: dict[str, tuple[type, ...]] = {"checked": (int,), "estimated": (list,)}
+_ESTIMATED_FIELDS: dict[str, tuple[type, ...]] = {
+    "layer": (str,), "ops": (list,), "flops": (int, str)}
+# the meta fields the CLI reads (steps group by frame, tune by compile size)
+_GRAPH_META: dict[str, tuple[type, ...]] = {
+    "phase": _MAYBE_STR, "source": _MAYBE_STR, "frame": (int, str, type(None)),
+    "compile_size": _MAYBE_INT}
+_PROCESS_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "pid": _MAYBE_INT, "rank": (int, str, type(None)), "host": _MAYBE_STR}
+_RUN_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "id": _MAYBE_STR, "started": _MAYBE_NUMBER, "fingerprint": _MAYBE_STR}
+_PEAK_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "tflops": _MAYBE_NUMBER, "gbps": _MAYBE_NUMBER, "source": _MAYBE_STR}
+# numbers bounded as sizes, not as counts
+_SIZE_FIELDS = frozenset({"size", "compile_size"})
+
+
+def _show(value: Any) -> str:
+    """A value, short enough for a one-line message."""
+    if isinstance(value, int) and abs(value) > MAX_NUMBER:
+        return f"a {int(math.log10(abs(value))) + 1}-digit number"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_count(value: Any, low: int = 0, high: int = MAX_NUMBER) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _number_problem(value: float, limit: int) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"is {value!r}: not a finite number"
+    if value < 0:
+        return f"is {_show(value)}: negative (no count, time, FLOPs or bytes is)"
+    if value > limit:
+        return f"is {_show(value)}: more than {_LIMITS[limit]}"
+    return None
+
+
+def _size_label_problem(size: str) -> str | None:
+    """A ``BxS`` label must parse as ``stats.parse_size`` reads it (ASCII digits, whose
+    product is a size); any other label ("overflow", "static") is only shown."""
+    parts = size.split("x")
+    if not all(p.isdigit() for p in parts):
+        return None
+    problem = f"is {_show(size)}: not a size (ASCII digits, product at most 2**63-1)"
+    if not all(p.isascii() and len(p) <= 19 for p in parts):
+        return problem
+    numbers = [int(p) for p in parts]
+    if 0 in numbers:
+        return None
+    product = 1
+    for n in numbers:
+        product *= n
+        if product > MAX_SIZE:  # stop early: thousands of parts must not build a huge int
+            return problem
+    return None
+
+
+def _key_problem(key: list[Any]) -> str | None:
+    bad = [k for k in key if not _is_count(k, 0, MAX_SIZE)]
+    return f"holds {_show(bad[0])}: expected sizes (whole numbers from 0)" if bad else None
+
+
+def _scheduled_problem(scheduled: dict[Any, Any]) -> str | None:
+    """Forwards per scheduled token count (``{"3": 5}``): both at least 1 (tune divides
+    by them)."""
+    for tokens, forwards in scheduled.items():
+        text = str(tokens)  # int() of thousands of digits would raise: length first
+        if not (text.isascii() and text.isdigit() and len(text) <= 19
+                and _is_count(int(text), 1, MAX_SIZE) and _is_count(forwards, 1)):
+            return (f"holds {_show(tokens)}: {_show(forwards)}: expected token counts and "
+                    "forwards, whole numbers from 1")
+    return None
+
+
+def _uncounted_problem(uncounted: dict[Any, Any]) -> str | None:
+    bad = next((k for k, v in uncounted.items() if not _is_count(v)), None)
+    return None if bad is None else (
+        f"holds {_show(bad)}: {_show(uncounted[bad])}: expected a count of calls")
+
+
+# what a field holds, past its type
+_CONTENTS: dict[str, Callable[[Any], str | None]] = {
+    "size": _size_label_problem, "key": _key_problem, "scheduled": _scheduled_problem,
+    "uncounted": _uncounted_problem}
+
+
+def _value_problem(field: str, value: Any) -> str | None:
+    if isinstance(value, _NUMBER):
+        return _number_problem(value, MAX_SIZE if field in _SIZE_FIELDS else MAX_NUMBER)
+    check = _CONTENTS.get(field)
+    return check(value) if check is not None else None
 
 
 def _check(obj: Any, where: str, required: dict[str, tuple[type, ...]],
            optional: dict[str, tuple[type, ...]]) -> None:
+    """Types, then values (finite, in range, never negative) of an object's fields."""
     if not isinstance(obj, dict):
         raise ReportError(f"{where}: not an object")
     for fields, needed in ((required, True), (optional, False)):
@@ -266,37 +396,70 @@ def _check(obj: Any, where: str, required: dict[str, tuple[type, ...]],
             if isinstance(value, bool) or not isinstance(value, types):
                 raise ReportError(f"{where}: '{field}' is {type(value).__name__}, expected "
                                   + " or ".join(t.__name__ for t in types))
+            problem = _value_problem(field, value)
+            if problem is not None:
+                raise ReportError(f"{where}: '{field}' {problem}")
 
 
 def validate(data: Any, where: str) -> None:
-    """Types and required fields of a report, its graphs and rows; one line if wrong."""
+    """Types, values and required fields of a report, its graphs and rows; one line if
+    wrong. What passes, the CLI can sum, divide, format and group without failing."""
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fxflops.report/"):
         raise ReportError(f"{where}: not an fxflops report (no 'schema': '{SCHEMA}')")
     if data["schema"] != SCHEMA:
-        raise ReportError(f"{where}: report schema {data['schema']} is not {SCHEMA}")
+        raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
            {"run": (dict,), "peak": (dict,), "steps": (list,)})
+    _check(data["process"], f"{where}: process", {}, _PROCESS_OPTIONAL)
+    for part, fields in (("run", _RUN_OPTIONAL), ("peak", _PEAK_OPTIONAL)):
+        if part in data:
+            _check(data[part], f"{where}: {part}", {}, fields)
     for i, g in enumerate(data["graphs"]):
         _check(g, f"{where}: graphs[{i}]", _GRAPH_FIELDS, _GRAPH_OPTIONAL)
+        if "meta" in g:
+            _check(g["meta"], f"{where}: graphs[{i}].meta", {}, _GRAPH_META)
+        if "layers" in g:
+            _check(g["layers"], f"{where}: graphs[{i}].layers", {}, _LAYERS_OPTIONAL)
+            for k, e in enumerate(g["layers"].get("estimated", [])):
+                _check(e, f"{where}: graphs[{i}].layers.estimated[{k}]", _ESTIMATED_FIELDS, {})
         for j, r in enumerate(g["rows"]):
             _check(r, f"{where}: graphs[{i}].rows[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
     for j, r in enumerate(data["forward"]):
         _check(r, f"{where}: forward[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
 
 
+def _too_large(p: Path) -> ReportError:
+    return ReportError(f"{p}: larger than {MAX_REPORT_BYTES >> 20} MiB: not a report")
+
+
+def _check_file(p: Path) -> None:
+    """Refuse, from its metadata alone, what is no report: a folder; a FIFO or a device
+    (reading would block, or never end); a file past the size cap (refused unread)."""
+    try:
+        st = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ReportError(f"{p}: no such file") from None
+    except OSError as e:
+        raise ReportError(f"{p}: cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ReportError(f"{p}: is a folder (pass it to load_reports)")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReportError(f"{p}: not a regular file")
+    if st.st_size > MAX_REPORT_BYTES:
+        raise _too_large(p)
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """A JSON file fxflops may read: a regular file, under the size cap, valid JSON."""
     p = Path(path)
-    if not p.exists():
-        raise ReportError(f"{p}: no such file")
-    if p.is_dir():
-        raise ReportError(f"{p}: is a folder (pass it to load_reports)")
-    if not p.is_file():
-        raise ReportError(f"{p}: not a regular file")
-    with open(p, "rb") as f:
-        raw = f.read(MAX_REPORT_BYTES + 1)
+    _check_file(p)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_REPORT_BYTES + 1)  # it may have grown since it was looked at
+    except OSError as e:
+        raise ReportError(f"{p}: cannot read: {e.strerror or e}") from None
     if len(raw) > MAX_REPORT_BYTES:
-        raise ReportError(f"{p}: larger than {MAX_REPORT_BYTES >> 20} MiB: not a report")
+        raise _too_large(p)
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise ReportError(f"{p}: empty file")
@@ -305,6 +468,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except (json.JSONDecodeError, RecursionError) as e:
         msg = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "too deep"
         raise ReportError(f"{p}: not valid JSON (truncated?): {msg}") from None
+    except ValueError:  # an integer past Python's digit limit for conversions
+        raise ReportError(f"{p}: not valid JSON: a number too long to read") from None
 
 
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:

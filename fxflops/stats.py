@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class SizeStats:
     """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
 
-    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap",
+    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "figures", "scheduled", "captured")
 
@@ -29,11 +29,17 @@ class SizeStats:
         self.key = key
         self.size = size
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
-        self.count = 0
-        self.total_ns = 0
+        self.count = 0  # calls made
+        self.total_ns = 0  # the samples' sum
         # preallocated once per size: adding a sample is one store, no growth, no branch
         self.window = array("q", bytes(8 * cap))
         self.cap = cap
+        # samples taken: -1 while every call is timed as it returns (the CPU clock: then it
+        # is ``count``); CUDA events time a call after it was counted (``add_late``)
+        self.timed = -1
+        # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
+        # events were recorded again before they were read)
+        self.lost = 0
         # FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
         # cache read), summed over the calls that counted them
         self.runtime_flops = 0
@@ -52,10 +58,40 @@ class SizeStats:
         self.captured = 0
 
     def add(self, ns: int) -> None:
+        """A call that returned after ``ns``: its sample is in place before it is counted
+        (a reader never sees a call without its sample)."""
         n = self.count
-        self.count = n + 1
-        self.total_ns += ns
         self.window[n % self.cap] = ns
+        self.total_ns += ns
+        self.count = n + 1
+
+    # --- calls timed later (CUDA events): counted when made, timed when read ----------
+
+    def add_call(self) -> None:
+        """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
+        if self.timed < 0:
+            self.timed = self.count
+        self.count += 1
+
+    def add_late(self, ns: int) -> None:
+        """The sample of a call counted by ``add_call``."""
+        n = self.timed
+        self.window[n % self.cap] = ns
+        self.total_ns += ns
+        self.timed = n + 1
+
+    def add_lost(self) -> None:
+        """A call counted by ``add_call`` whose sample will never come."""
+        self.lost += 1
+
+    @property
+    def samples_taken(self) -> int:
+        return self.count if self.timed < 0 else self.timed
+
+    @property
+    def awaiting(self) -> int:
+        """Calls counted whose sample has not come yet (and may still)."""
+        return 0 if self.timed < 0 else max(0, self.count - self.timed - self.lost)
 
     def note_scheduled(self, tokens: int) -> None:
         """A forward of ``tokens`` real tokens ran at this row's (padded) size. The
@@ -82,11 +118,11 @@ class SizeStats:
 
     def samples(self) -> array[int]:
         """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
-        return self.window[: min(self.count, self.cap)]
+        return self.window[: min(self.samples_taken, self.cap)]
 
     def percentiles(self) -> dict[str, float]:
         """median, p10, p90 of the window, in milliseconds."""
-        if not self.count:
+        if not self.samples_taken:
             return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
         ordered = sorted(self.samples())
         n = len(ordered)

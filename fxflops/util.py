@@ -1,10 +1,12 @@
-"""Small helpers every layer uses: warn once, write a file atomically, format a quantity."""
+"""Small helpers every layer uses: warn once, write a file atomically (or through a link,
+FIFO or device the user named), format a quantity."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import tempfile
+import stat
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -23,20 +25,69 @@ def forget_warnings() -> None:
     _warned.clear()
 
 
-def atomic_text(text: str, path: str | os.PathLike[str]) -> str:
-    """Write to a temporary file beside ``path`` and rename it: readers never see half."""
-    path = os.fspath(path)
+def _temp_beside(path: str) -> tuple[int, str]:
+    """A new empty file in ``path``'s folder, made as ``open(path, "w")`` makes a file:
+    mode 0o666 less the umask. (``mkstemp`` makes 0o600 whatever the umask; the kernel
+    applying the umask here needs no read of it, which would race other threads.)"""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fxflops-", suffix=".tmp", dir=directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".fxflops-{os.urandom(8).hex()}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: no free temporary file name")
+
+
+def _replace(path: str, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``:
+    readers see the old file or the new one, never half. ``mode``: the new file's."""
+    fd, tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def atomic_text(text: str, path: str | os.PathLike[str]) -> str:
+    """fxflops' own files (reports, dumps): written atomically, the folder made if need be;
+    the file's mode follows the umask."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _replace(path, text.encode("utf-8"))
+    return path
+
+
+def write_output(path: str | os.PathLike[str], data: str | bytes) -> str:
+    """A file the user named (``--json``, ``--csv``, ``-o``), written as a shell's ``>``
+    would, but atomically where that is possible.
+
+    A regular file, or none yet: temporary file and rename (an existing file keeps its
+    mode; a new one follows the umask). Anything else there (a symlink, a FIFO, a device
+    such as ``/dev/stdout``) is opened and written through: replacing it would break the
+    link, starve the FIFO's reader, or put a file where a device node was. A FIFO's write
+    waits for its reader, as ``>`` does.
+    """
+    path = os.fspath(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "wb") as f:  # a folder: IsADirectoryError, one line in the CLI
+            f.write(payload)
+        return path
+    if st is None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _replace(path, payload, stat.S_IMODE(st.st_mode) if st is not None else None)
     return path
 
 

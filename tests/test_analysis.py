@@ -205,7 +205,7 @@ def test_at_binds_all_or_by_name():
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     cost = GraphCost(flops=2 * s0 * s1 + 3, matmul_flops=2 * s0 * s1, bytes_io=4 * s0,
                      bytes_nodes=8 * s0, symbols=(s0, s1), nodes=[], uncounted={})
-    assert cost.at(3) == (21, 18, 12, 24, 0, 0)  # nothing recomputed: not a backward graph
+    assert cost.at(3) == (21, 18, 12, 24, 0, 0, 0)  # nothing recomputed nor estimated
     assert cost.at({"s0": 2, "s1": 5}).flops == 23
     assert cost.at({s0: 2, s1: 5}).matmul_flops == 20
     assert isinstance(cost.at(3).flops, int)

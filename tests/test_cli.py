@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import fxflops
-from fxflops.cli.main import main
+from fxflops.cli.main import build_parser, main
 from fxflops.dump import annotate, readable_source
 from fxflops.util import human
 
@@ -117,6 +120,118 @@ def test_compare_shows_sizes_in_one_run_only(tmp_path, capsys):
     assert "2.00x" in out and "only in base" in out and "only in new" in out
     c = _report(tmp_path / "c.json", [], forward=[_row(16, 1.0)])
     assert main(["compare", str(a), str(c)]) == 2
+
+
+# --- outputs: through links, FIFOs and devices; atomic for files; the umask ------------
+
+
+def _rows_report(tmp_path: Path) -> Path:
+    return _report(tmp_path / "r.json", [("graph0", ["s0"], [_row(2, 1.0), _row(4, 2.0)], {})])
+
+
+def _expected(report: Path, command: str, flag: str, capsys) -> bytes | None:
+    """What the output file must hold: the text the same command prints for '-' (which
+    adds a newline); for a plot, None (checked by its PNG signature)."""
+    if command == "plot":
+        return None
+    assert main([command, str(report), flag, "-"]) == 0
+    return capsys.readouterr().out[:-1].encode()
+
+
+def _holds(data: bytes, expected: bytes | None) -> bool:
+    return data.startswith(b"\x89PNG\r\n\x1a\n") if expected is None else data == expected
+
+
+OUTPUTS = [("report", "--json"), ("report", "--csv"), ("plot", "-o")]
+
+
+@pytest.mark.parametrize("command,flag", OUTPUTS)
+def test_outputs_write_through_a_symlink(command, flag, tmp_path, capsys):
+    report = _rows_report(tmp_path)
+    expected = _expected(report, command, flag, capsys)
+    target = tmp_path / "target.out"
+    target.write_text("old")
+    link = tmp_path / "link.out"
+    link.symlink_to(target)
+    assert main([command, str(report), flag, str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)  # still the link
+    assert _holds(target.read_bytes(), expected)
+
+
+@pytest.mark.parametrize("command,flag", OUTPUTS)
+def test_outputs_write_through_a_fifo(command, flag, tmp_path, capsys):
+    report = _rows_report(tmp_path)
+    expected = _expected(report, command, flag, capsys)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: dict[str, bytes] = {}
+
+    def read() -> None:
+        with open(fifo, "rb") as f:  # waits for the writer
+            got["data"] = f.read()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", command, str(report),
+                           flag, str(fifo)], capture_output=True, text=True, timeout=120)
+    reader.join(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert not reader.is_alive(), "the FIFO was never opened for writing"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a file put there
+    assert _holds(got["data"], expected)
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_new_files_honour_the_umask(umask, mode, tmp_path, capsys):
+    from fxflops.util import atomic_text
+
+    report = _rows_report(tmp_path)
+    old = os.umask(umask)
+    try:
+        assert main(["report", str(report), "--json", str(tmp_path / "rows.json"),
+                     "--csv", str(tmp_path / "rows.csv")]) == 0
+        assert main(["plot", str(report), "-o", str(tmp_path / "p.png")]) == 0
+        atomic_text("{}", tmp_path / "own" / "fxflops-h-1.json")  # fxflops' own reports
+    finally:
+        os.umask(old)
+    for name in ("rows.json", "rows.csv", "p.png", "own/fxflops-h-1.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+
+
+def test_an_existing_file_is_replaced_whole_and_keeps_its_mode(tmp_path, capsys):
+    report = _rows_report(tmp_path)
+    out = tmp_path / "rows.json"
+    out.write_text("old")
+    os.chmod(out, 0o640)
+    twin = tmp_path / "twin.json"
+    os.link(out, twin)  # a reader holding the old file
+    assert main(["report", str(report), "--json", str(out)]) == 0
+    assert [r["size"] for r in json.loads(out.read_text())] == [2, 4]
+    assert twin.read_text() == "old"  # a new file renamed over the path: no half-written one
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "rows.json", "twin.json"]
+
+
+@pytest.mark.parametrize("name,magic", [("plot", b"\x89PNG"), ("plot.png", b"\x89PNG"),
+                                        ("plot.svg", b"<?xml")])
+def test_plot_writes_the_path_it_names(name, magic, tmp_path, capsys):
+    report = _rows_report(tmp_path)
+    out = tmp_path / name
+    assert main(["plot", str(report), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out}"
+    assert out.read_bytes().startswith(magic)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", name])
+
+
+def test_demo_out_defaults_to_fxflops_out(monkeypatch, capsys):
+    monkeypatch.setenv("FXFLOPS_OUT", "/some/where")
+    assert build_parser().parse_args(["demo"]).out == "/some/where"
+    assert build_parser().parse_args(["demo", "--out", "here"]).out == "here"
+    monkeypatch.delenv("FXFLOPS_OUT")
+    assert build_parser().parse_args(["demo"]).out == "fxflops-out"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    assert "$FXFLOPS_OUT" in " ".join(capsys.readouterr().out.split())
 
 
 def test_dump_comments_add_up_to_the_header_totals():

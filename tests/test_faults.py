@@ -196,6 +196,151 @@ def test_report_write_into_a_folder_path_is_one_line(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+# --- numbers: finite, never negative, in range; checked at load ------------------------
+
+
+def _two_sizes() -> dict:
+    """A good report every command accepts: one graph at two sizes (tune needs two)."""
+    data = _good_report()
+    row = data["graphs"][0]["rows"][0]
+    data["graphs"][0]["rows"].append({**row, "size": 8, "key": [8], "median_ms": 2.0})
+    return data
+
+
+def _row0(data: dict) -> dict:
+    return data["graphs"][0]["rows"][0]
+
+
+BAD_VALUES = {
+    "NaN median": (lambda d: _row0(d).update(median_ms=float("nan")),
+                   "rows[0]: 'median_ms' is nan: not a finite number"),
+    "Infinity FLOPs": (lambda d: _row0(d).update(flops=float("inf")),
+                       "rows[0]: 'flops' is inf: not a finite number"),
+    "-Infinity time": (lambda d: _row0(d).update(total_ms=float("-inf")),
+                       "rows[0]: 'total_ms' is -inf: not a finite number"),
+    "400-digit FLOPs": (lambda d: _row0(d).update(flops=10**400),
+                        "rows[0]: 'flops' is a 401-digit number: more than 1e30"),
+    "huge float bytes": (lambda d: _row0(d).update(bytes_io=1e300),
+                         "rows[0]: 'bytes_io' is 1e+300: more than 1e30"),
+    "negative calls": (lambda d: _row0(d).update(calls=-3), "rows[0]: 'calls' is -3: negative"),
+    "negative p90": (lambda d: _row0(d).update(p90_ms=-0.5), "'p90_ms' is -0.5: negative"),
+    "peak.tflops a string": (lambda d: d.update(peak={"tflops": "989.4", "gbps": 4800.0}),
+                             "peak: 'tflops' is str"),
+    "peak.gbps negative": (lambda d: d.update(peak={"tflops": 1.0, "gbps": -1.0}),
+                           "peak: 'gbps' is -1.0: negative"),
+    "pid a list": (lambda d: d["process"].update(pid=[1, 2]), "process: 'pid' is list"),
+    "rank a dict": (lambda d: d["process"].update(rank={"r": 0}), "process: 'rank' is dict"),
+    "run.started a string": (lambda d: d["run"].update(started="today"),
+                             "run: 'started' is str"),
+    "meta.frame a list": (lambda d: d["graphs"][0]["meta"].update(frame=[1]),
+                          "graphs[0].meta: 'frame' is list"),
+    "size of non-ASCII digits": (lambda d: _row0(d).update(size="\u00b2x4"),
+                                 "rows[0]: 'size' is '\u00b2x4': not a size"),
+    "size past int64": (lambda d: _row0(d).update(size=2**63),
+                        "'size' is 9223372036854775808: more than 2**63-1"),
+    "scheduled 0 forwards": (lambda d: _row0(d).update(scheduled={"4": 0}),
+                             "'scheduled' holds '4': 0: expected token counts"),
+    "uncounted negative": (lambda d: d["graphs"][0].update(uncounted={"aten.foo": -1}),
+                           "'uncounted' holds 'aten.foo': -1"),
+    "row's graph a number": (lambda d: _row0(d).update(graph=5), "'graph' is int"),
+}
+BAD_THRESHOLDS = {"nan": "nan is not a finite number from 0",
+                  "inf": "inf is not a finite number from 0",
+                  "-0.1": "-0.1 is not a finite number from 0",
+                  "abc": "'abc' is not a number"}
+COMMANDS = ["report", "compare", "plot", "tune"]
+
+
+def _command_args(command: str, path: Path, tmp_path: Path) -> list[str]:
+    return {"report": [str(path)], "compare": [str(path), str(path)],
+            "plot": [str(path), "-o", str(tmp_path / "p.png")], "tune": [str(path)]}[command]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_good_report_passes_every_command(command, tmp_path, capsys):
+    """The control for the bad values below: unedited, every command succeeds."""
+    path = tmp_path / "good.json"
+    path.write_text(json.dumps(_two_sizes()))
+    code, out, err = cli(capsys, command, *_command_args(command, path, tmp_path))
+    assert code == 0 and err == "", err
+
+
+@pytest.mark.parametrize("case,command", [
+    *((case, command) for case in BAD_VALUES for command in COMMANDS),
+    *((f"--threshold {t}", "tune") for t in BAD_THRESHOLDS)],
+    ids=lambda v: v.replace(" ", "_"))
+def test_bad_values_are_one_line_and_exit_2(case, command, tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    if case.startswith("--threshold"):
+        threshold = case.split()[1]
+        path.write_text(json.dumps(_two_sizes()))
+        args = [str(path), str(path), "--threshold", threshold]
+        message = BAD_THRESHOLDS[threshold]
+    else:
+        edit, message = BAD_VALUES[case]
+        data = _two_sizes()
+        edit(data)
+        path.write_text(json.dumps(data))  # NaN and Infinity as Python writes them
+        args = _command_args(command, path, tmp_path)
+    code, out, err = cli(capsys, command, *args)
+    assert code == 2, (code, err)
+    (line,) = err.strip().splitlines()
+    assert message in line and "Traceback" not in err + out, line
+
+
+def _without_symbols(data: dict) -> dict:
+    for g in data["graphs"]:
+        g.pop("symbols", None)
+        g.pop("meta", None)
+    return data
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_report_without_symbols_or_meta_runs(command, tmp_path, capsys):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_without_symbols(_two_sizes())))
+    code, out, err = cli(capsys, command, *_command_args(command, path, tmp_path))
+    assert code == 0 and err == "", err
+    assert "graph0" in out or command in ("tune", "plot")
+
+
+def test_tune_of_two_runs_reads_graphs_without_symbols(tmp_path, capsys):
+    """The several-runs path: a graph without 'symbols' is a static (specialised) one."""
+    general = _two_sizes()
+    general["graphs"] = []
+    general["forward"] = [{**_row0(_two_sizes()), "size": 4, "key": [4], "median_ms": 2.0}]
+    sized = _without_symbols(_two_sizes())
+    sized["forward"] = [{**_row0(_two_sizes()), "size": 4, "key": [4], "median_ms": 1.0}]
+    (tmp_path / "general.json").write_text(json.dumps(general))
+    (tmp_path / "sized.json").write_text(json.dumps(sized))
+    code, out, err = cli(capsys, "tune", str(tmp_path / "general.json"),
+                         str(tmp_path / "sized.json"))
+    assert code == 0 and err == "", err
+    assert '{"compile_sizes": [4]}' in out  # 2.0 ms general, 1.0 ms specialised: +100%
+
+
+def test_size_cap_is_checked_before_reading(tmp_path, capsys):
+    import tracemalloc
+
+    from fxflops.report import MAX_REPORT_BYTES
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(600 * 1000 * 1000)  # sparse: 600 MB on paper, nothing on disk
+    assert big.stat().st_size > MAX_REPORT_BYTES
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        code, out, err = cli(capsys, "report", str(big))
+        took = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2 and err.strip() == f"fxflops report: error: {big}: larger than 512 MiB: not a report"
+    # refused from its size alone: reading it would have taken 512 MiB and longer
+    assert peak < 64 << 20 and took < 1.0, (peak, took)
+
+
 # --- one bad file does not hide the good ones --------------------------------------------
 
 

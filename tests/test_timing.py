@@ -1,22 +1,35 @@
-"""The CUDA-event timer's logic, on fake events (this machine has no GPU; the real thing
-is checked by scripts/gpu_check.py on a GPU and by the GPU-only test below)."""
+"""The CUDA-event timer's logic, on fake events: this machine has no GPU, so a fake CUDA
+module stands in for ``torch.cuda`` (the timer takes one). The real thing is checked by
+scripts/gpu_check.py on a GPU and by the GPU-only test at the end.
+
+What is checked: a call is counted when it is made and timed when its events are read;
+nothing waits for the device on the calling thread; more than ``max_in_flight`` calls in
+flight lose samples, never calls; a flush waits for what is still in flight; CUDA-graph
+replays are counted per replay and timed before the next one or at a flush.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import fxflops
+from fxflops import backends
 from fxflops.stats import SizeStats
-from fxflops.timing import CaptureRegistry, CudaEventTimer
+from fxflops.timing import _REGISTRIES, CaptureRegistry, CudaEventTimer, harvest_all
 
 
 class FakeEvent:
+    """A CUDA event whose work finishes only when the test says so (``done``) or when
+    someone waits for it (``synchronize``)."""
+
     clock = 0.0
 
     def __init__(self, enable_timing=True, external=False):
         self.t = None
         self.done = False
         self.external = external
+        self.waited = 0
 
     def record(self, stream=None):
         FakeEvent.clock += 1.0
@@ -25,6 +38,10 @@ class FakeEvent:
 
     def query(self):
         return self.done
+
+    def synchronize(self):
+        self.waited += 1
+        self.done = True
 
     def elapsed_time(self, end):
         return end.t - self.t  # ms
@@ -49,56 +66,126 @@ class FakeCuda:
         return self.capturing
 
 
-def test_no_sync_harvest_in_order_and_bounded():
+@pytest.fixture
+def fake_cuda():
     cuda = FakeCuda()
-    timer = CudaEventTimer(max_in_flight=4, cuda=cuda)
+    yield cuda
+    _REGISTRIES.pop(FakeGraph, None)
+
+
+def test_a_call_is_counted_when_made_and_timed_when_read(fake_cuda):
+    timer = CudaEventTimer(max_in_flight=8, cuda=fake_cuda)
     row = SizeStats((1,), 1)
     for _ in range(3):
         timer.time_call(lambda: None, (), row)
-    assert row.count == 0 and len(timer.pending) == 3  # nothing read before it finished
+    # counted at once; no sample yet (nothing finished), nothing waited for
+    assert (row.count, row.samples_taken, row.awaiting) == (3, 0, 3)
+    assert all(e.waited == 0 for s, e, _ in timer.pending)
     timer.pending[0][1].done = True
     timer.pending[1][1].done = True
-    harvested = [p[:2] for p in list(timer.pending)[:2]]
-    assert timer.harvest() == 2 and row.count == 2
-    assert len(timer.pool) == 2
-    assert row.window[0] == 1_000_000  # 1 ms between start and end records
-    dropped = []
-    for _ in range(10):  # nothing finishes: the oldest samples are dropped, never waited for
-        if len(timer.pending) == timer.max_in_flight:
-            dropped.append(timer.pending[0])
+    assert timer.harvest() == 2
+    assert (row.count, row.samples_taken, row.awaiting) == (3, 2, 1)
+    assert list(row.samples()) == [1_000_000, 1_000_000]  # 1 ms between the records
+    assert len(timer.pool) == 2  # the read pairs go back to the pool...
+    timer.time_call(lambda: None, (), row)
+    assert len(timer.pool) == 1  # ...and are reused before a new pair is made
+    assert row.count == 4
+
+
+def test_past_the_in_flight_cap_samples_are_lost_never_calls(fake_cuda):
+    timer = CudaEventTimer(max_in_flight=4, cuda=fake_cuda)
+    row = SizeStats((1,), 1)
+    for _ in range(10):  # nothing finishes: the oldest pairs are given up, never waited for
         timer.time_call(lambda: None, (), row)
-    assert len(timer.pending) == 4 and timer.dropped == 7
-    # the two harvested pairs were reused (popped from the pool) before new ones were made
-    assert timer.pool == []
-    reused = {id(e) for pair in harvested for e in pair}
-    assert reused <= {id(e) for start, end, _ in timer.pending for e in (start, end)} | {
-        id(e) for start, end, _ in dropped for e in (start, end)}
+    assert row.count == 10 and len(timer.pending) == 4
+    assert row.lost == 6 and timer.dropped == 6
+    # a flush waits for the 4 still in flight (on its own thread in real use)
+    assert timer.harvest(wait=True) == 4
+    assert row.count == 10 and row.samples_taken == 4 and row.lost == 6 and row.awaiting == 0
 
 
-def test_pairs_recorded_in_capture_are_read_before_each_replay():
-    cuda = FakeCuda()
-    registry = CaptureRegistry(cuda)
+def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypatch, tmp_path):
+    """Through torch.compile: a graph on a (fake) GPU, N calls, the last ones still in
+    flight when the report is written: the report says N calls and N samples."""
+    monkeypatch.setattr(backends, "make_timer",
+                        lambda device: CudaEventTimer(max_in_flight=256, cuda=fake_cuda))
+    real_plan = backends.plan
+
+    def on_gpu(*args, **kwargs):
+        graph_plan = real_plan(*args, **kwargs)
+        graph_plan.device = "cuda"
+        return graph_plan
+
+    monkeypatch.setattr(backends, "plan", on_gpu)
+    monkeypatch.setattr(backends, "device_name", lambda device: "NVIDIA H200")
+    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"))
+    x = torch.randn(4, 8)
+    n = 300  # past the 256 pairs in flight: 44 samples given up, every call counted
+    with torch.no_grad():
+        for _ in range(n):
+            compiled(x)
+    path = fxflops.recorder().save(tmp_path / "r.json")
+    (graph,) = fxflops.load_report(path)["graphs"]
+    (row,) = graph["rows"]
+    assert row["calls"] == n
+    assert row["lost_samples"] == n - 256 and row["timed_calls"] == 0
+    # a flush (the background thread's, or at exit) waits for what is in flight
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
+    fxflops.recorder().flush()
+    (report,) = fxflops.report.load_reports([tmp_path / "out"])
+    (row,) = report["graphs"][0]["rows"]
+    assert row["calls"] == n and row["timed_calls"] == 256 and row["lost_samples"] == n - 256
+    assert row["median_ms"] == 1.0
+
+
+def test_late_completion_is_credited_at_the_next_read(fake_cuda):
+    timer = CudaEventTimer(cuda=fake_cuda)
+    row = SizeStats((1,), 1)
+    timer.time_call(lambda: None, (), row)
+    assert harvest_all() == 0 and row.samples_taken == 0  # still running: left in flight
+    timer.pending[0][1].done = True  # the device finishes later
+    assert harvest_all() == 1 and row.samples_taken == 1 and row.count == 1
+
+
+def test_capture_then_replays_counted_per_replay_and_timed(fake_cuda):
+    registry = CaptureRegistry(fake_cuda)
     graph = FakeGraph()
     row = SizeStats((8,), 8)
     graph.capture_begin()
-    cuda.capturing = True
-    import fxflops.timing as timing
-
-    timing._REGISTRIES[FakeGraph] = registry  # the timer below must use this registry
-    timer = CudaEventTimer(cuda=cuda)
-    timer.time_call(lambda: "captured", (), row)
-    cuda.capturing = False
+    fake_cuda.capturing = True
+    timer = CudaEventTimer(cuda=fake_cuda)
+    assert timer.time_call(lambda: "captured", (), row) == "captured"
+    fake_cuda.capturing = False
+    assert row.count == 0  # the capture ran nothing
     ((start, end, _),) = registry.by_graph[graph]
     assert start.external and end.external
-    for _ in range(3):
-        graph.replay()  # the patched replay reads the previous replay's pair first
+    for i in range(3):
+        graph.replay()  # counted now; the previous replay's pair read first
+        assert row.count == i + 1 and row.samples_taken == i
         start.record()
         end.record()
         end.done = True
-    assert row.count == 2  # two replays read; the third is read at the next replay/flush
-    registry.flush()
-    assert row.count == 3
-    del timing._REGISTRIES[FakeGraph]
+    registry.flush()  # the last replay, read at a flush
+    assert row.count == 3 and row.samples_taken == 3 and row.lost == 0
+    registry.flush()  # read once only
+    assert row.samples_taken == 3
+
+
+def test_a_replay_still_running_when_the_next_starts_is_lost_not_miscounted(fake_cuda):
+    registry = CaptureRegistry(fake_cuda)
+    graph = FakeGraph()
+    row = SizeStats((8,), 8)
+    graph.capture_begin()
+    fake_cuda.capturing = True
+    CudaEventTimer(cuda=fake_cuda).time_call(lambda: None, (), row)
+    fake_cuda.capturing = False
+    graph.replay()
+    registry.flush()  # not finished: a flush leaves it for later
+    assert row.samples_taken == 0 and row.lost == 0
+    graph.replay()  # the first replay's events are recorded again: its sample is lost
+    assert row.count == 2 and row.lost == 1 and registry.missed == 1
+    registry.flush(wait=True)  # at exit: wait for the last one
+    assert row.samples_taken == 1 and row.count == row.samples_taken + row.lost
 
 
 @pytest.mark.gpu
@@ -109,6 +196,6 @@ def test_real_cuda_events_time_a_matmul():
     a = torch.randn(2048, 2048, device="cuda")
     for _ in range(5):
         timer.time_call(torch.mm, (a, a), row)
-    torch.cuda.synchronize()
-    timer.harvest()
-    assert row.count == 5 and len(row.samples()) == 5 and min(row.samples()) > 0
+    assert row.count == 5
+    timer.harvest(wait=True)
+    assert row.samples_taken == 5 and len(row.samples()) == 5 and min(row.samples()) > 0

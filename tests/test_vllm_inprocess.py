@@ -73,8 +73,10 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
     torch.compile(_silu_mm, backend=grab)(x, w)
     cc = CompilationConfig(mode=3, backend="inductor")
 
+    from tests.test_vllm_symbols import compiler_manager_kwargs
+
     def compile_once():
-        manager = CompilerManager(cc)
+        manager = CompilerManager(cc, **compiler_manager_kwargs())  # 0.33: a required keyword
         manager.initialize_cache(str(tmp_path / "cache"), disable_cache=False, prefix="")
         fn = manager.compile(captured["gm"], captured["ex"], {}, cc, Range(start=1, end=16),
                              graph_index=0, num_graphs=1)
@@ -136,12 +138,12 @@ def test_wrappers_pass_everything_through_when_vllm_changes(fxflops_log):
 
 
 def test_forward_wrapper_survives_a_changed_signature(fxflops_log):
-    from fxflops.integrations.vllm import hooks
+    from fxflops.integrations.vllm import forward
 
     class Runner:
         def _model_forward(self, tokens, *, new_kwarg=None):  # no input_ids/positions
             return ("forward", tokens, new_kwarg)
 
-    wrapped = hooks._timed_forward(Runner._model_forward)
+    wrapped = forward._timed_forward(Runner._model_forward)
     assert wrapped(Runner(), [1, 2], new_kwarg=5) == ("forward", [1, 2], 5)
     assert fxflops.recorder().forwards == {}

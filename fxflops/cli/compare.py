@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             speed = f"[{style}]{sp:.2f}x[/]" if style else f"{sp:.2f}x"
         else:
             speed = "only in base" if n is None else "only in new"
-        table.add_row(escape(r["graph"]), r["size"], cell(b, "median_ms"), cell(n, "median_ms"), speed,
+        table.add_row(escape(r["graph"]), escape(r["size"]), cell(b, "median_ms"), cell(n, "median_ms"), speed,
                       cell(b, "flops", 1e-9), cell(n, "flops", 1e-9),
                       cell(b, "tflops", 1e3), cell(n, "tflops", 1e3))
     console = make_console()

@@ -33,7 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inner", default="inductor", type=inner_backend,
                    help="inner backend: inductor, eager, aot_eager, or any registered name")
     p.add_argument("--iters", type=positive_int, default=20, help="calls per size")
-    p.add_argument("--out", default="fxflops-out", help="folder for the report and graph dumps")
+    # a run's reports go to $FXFLOPS_OUT wherever fxflops runs: the demo too
+    p.add_argument("--out", default=config.OUT.get() or "fxflops-out",
+                   help="folder for the report and graph dumps (default: $FXFLOPS_OUT if "
+                        "set, else fxflops-out)")
     p.add_argument("--layers", type=positive_int, default=2, help="decoder layers")
     p.set_defaults(func=run)
 

@@ -7,6 +7,7 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import NoReturn
 
@@ -29,6 +30,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not at least 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number from 0 (float() also reads "nan" and "inf": every comparison with
+    nan is false, so a nan threshold would pass nothing, and silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number from 0")
     return value
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 from collections import defaultdict
 from math import prod
@@ -10,12 +12,14 @@ from typing import Any
 
 from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id
 from fxflops.stats import parse_size
+from fxflops.util import write_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="plot GFLOP/s and time per size, and a roofline")
     p.add_argument("paths", nargs="+", help="report files or folders")
-    p.add_argument("-o", "--output", default="fxflops.png", help="PNG to write")
+    p.add_argument("-o", "--output", default="fxflops.png",
+                   help="image to write: PNG, or the format its suffix names (.svg, .pdf)")
     p.set_defaults(func=run)
 
 
@@ -23,6 +27,20 @@ def tokens(row: dict[str, Any]) -> int | None:
     """The x of a row: its size, or the product of a ``BxS`` size (tokens of a batch)."""
     numbers = parse_size(row["size"])
     return prod(numbers) if numbers is not None else None
+
+
+def _label(text: str) -> str:
+    """Text shown as is: matplotlib reads ``$...$`` in a label as mathtext, and a graph
+    name holding ``$`` would fail to draw."""
+    return text.replace("$", r"\$")
+
+
+def image_format(path: str, supported: dict[str, str]) -> str:
+    """The format the path's suffix names, else PNG. Given explicitly to matplotlib, which
+    would otherwise append ``.png`` to a name without a suffix, and write another file
+    than the one named."""
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    return suffix if suffix in supported else "png"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     for name, rs in sorted(series.items()):
         rs.sort(key=lambda r: tokens(r) or 0)
         sizes = [tokens(r) for r in rs]
-        ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=name)
+        ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=_label(name))
         if name != "<forward>":
-            ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o", label=name)
+            ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o",
+                       label=_label(name))
             pts = [(r["flops"] / r["bytes_io"], (r.get("tflops") or 0) * 1e3) for r in rs
                    if r["bytes_io"] and r.get("tflops")]
             if pts:
-                ax_roof.scatter(*zip(*pts), label=name)
+                ax_roof.scatter(*zip(*pts), label=_label(name))
                 for (x, y), r in zip(pts, rs):
                     ax_roof.annotate(str(r["size"]), (x, y), fontsize=7)
     if peak.get("tflops") and peak.get("gbps"):
@@ -69,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
         xs = np.logspace(-2, 4, 200)
         ax_roof.plot(xs, np.minimum(peak["tflops"] * 1e3, xs * peak["gbps"]), "k--",
-                     label=f"roofline ({peak['source']})")
+                     label=_label(f"roofline ({peak.get('source')})"))
     roof_title = "roofline" if peak.get("tflops") and peak.get("gbps") else \
         "roofline (no peak known: set FXFLOPS_PEAK_TFLOPS/GBPS)"
     for ax, title, ylabel in ((ax_tp, "achieved GFLOP/s", "GFLOP/s"),
@@ -88,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         fig.text(0.5, 0.005, note, ha="center", fontsize=8, color="darkred")
         print(note)
     fig.tight_layout(rect=(0, 0.03 if overflow else 0, 1, 1))
-    fig.savefig(args.output, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=image_format(args.output, fig.canvas.get_supported_filetypes()),
+                dpi=110)
+    plt.close(fig)
+    write_output(args.output, buf.getvalue())  # the path named, and no other
     print(f"wrote {args.output}")
     return 3 if skipped else 0

@@ -16,7 +16,7 @@ from rich.table import Table
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
 from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id, size_order
 from fxflops.steps import training_steps
-from fxflops.util import atomic_text
+from fxflops.util import write_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -113,6 +113,8 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
     procs = ", ".join(sorted({f"rank {r['process'].get('rank')}" if r['process'].get('rank')
                               is not None else f"pid {r['process'].get('pid')}"
                               for r in reports}))
+    for line in estimated_lines(reports):  # before the figures they change
+        console.print("[yellow]" + escape(line))
     table = Table(title=escape(
         f"fxflops: run {run_name}: {len(reports)} report(s) ({procs}); peak: "
         f"{peak.get('tflops') or '-'} TFLOP/s, {peak.get('gbps') or '-'} GB/s "
@@ -148,6 +150,30 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                   f"{fmt_bytes(total_bytes)}")
 
 
+def estimated_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """One line per graph with layers counted from their sizes (an op no formula counts
+    right): the op and the layers, so that the figures below are read knowingly."""
+    lines = []
+    seen: set[tuple[str, ...]] = set()
+    for rep in reports:
+        for g in rep["graphs"]:
+            estimated = (g.get("layers") or {}).get("estimated") or []
+            by_op: dict[str, list[str]] = {}
+            for e in estimated:
+                for op in e.get("ops") or ["?"]:
+                    by_op.setdefault(str(op), []).append(str(e.get("layer")))
+            for op, layer_names in by_op.items():
+                key = (g["name"], op, *layer_names)
+                if key in seen:  # the same graph on every rank
+                    continue
+                seen.add(key)
+                shown = ", ".join(layer_names[:4]) + (
+                    f" and {len(layer_names) - 4} more" if len(layer_names) > 4 else "")
+                lines.append(f"{g['name']}: ESTIMATED: {len(layer_names)} layer(s) counted from "
+                             f"their sizes, no formula counts {op}: {shown}")
+    return lines
+
+
 def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> None:
     """The per-step roll-up of a training run (fxflops.steps)."""
     table = Table(title="training steps: forward + backward (+ graphs run once a step)")
@@ -178,7 +204,7 @@ def _write(dest: str, text: str) -> None:
     if dest == "-":
         sys.stdout.write(text + "\n")
     else:
-        atomic_text(text, dest)
+        write_output(dest, text)
 
 
 def _write_csv(dest: str, rows: list[dict[str, Any]]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fxflops.cli.main import positive_int
+from fxflops.cli.main import non_negative_float, positive_int
 from fxflops.cli.tables import fmt_pct, make_console
 from fxflops.report import ReportError, load_reports, run_id
 from fxflops.tuning import recommend as recommend_one_run
@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                            "compare them")
     p.add_argument("--max-sizes", type=positive_int, default=8,
                    help="one run: the most sizes to recommend (the budget)")
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="several runs: minimum gain of the specialised graph (0.05 = 5%%)")
+    p.add_argument("--threshold", type=non_negative_float, default=0.05,
+                   help="several runs: minimum gain of the specialised graph, from 0 (0.05 = 5%%)")
     p.set_defaults(func=run)
 
 
@@ -44,10 +44,11 @@ def size_times(report_paths: list[str]) -> dict[str, dict[int, list[tuple[float,
         "general": defaultdict(list), "specialised": defaultdict(list)}
     for path in report_paths:
         for rep in load_reports([path]):
-            static_sizes = {r["size"] for g in rep["graphs"] if not g["symbols"]
+            # symbols and meta are optional in a report (a graph without: no size symbols)
+            static_sizes = {r["size"] for g in rep["graphs"] if not g.get("symbols")
                             for r in g["rows"] if isinstance(r["size"], int)}
-            static_sizes |= {g["meta"].get("compile_size") for g in rep["graphs"]
-                             if g["meta"].get("compile_size") is not None}
+            compile_sizes = ((g.get("meta") or {}).get("compile_size") for g in rep["graphs"])
+            static_sizes |= {s for s in compile_sizes if s is not None}
             if rep["forward"]:
                 timed = {r["size"]: (r["median_ms"], r["calls"]) for r in rep["forward"]}
             else:  # no whole-forward rows: sum the graphs' medians per size
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
-    served = served_sizes(reports)
+    # a size of 0 (an empty batch) has no tokens to pad or to time per token
+    served = [s for s in served_sizes(reports) if s.size > 0]
     rec = recommend_one_run(served, budget)
     console = make_console()
     table = Table(title="fxflops tune: the sizes this run served")

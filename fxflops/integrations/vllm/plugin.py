@@ -33,6 +33,7 @@ def register() -> None:
         config.run_id()  # set before vLLM starts its engine and workers: they inherit it
         _collect_worker_metrics()
         _install_backend_name_shim()
+        _install_census()
         if enabled():
             install()
     except Exception as e:  # the plugin must never stop vLLM from starting
@@ -41,7 +42,7 @@ def register() -> None:
 
 def install() -> None:
     """Instrument everything vLLM compiles in this process (idempotent)."""
-    from fxflops.integrations.vllm import hooks
+    from fxflops.integrations.vllm import forward, hooks
 
     if "hooks" in _installed:
         return
@@ -50,17 +51,18 @@ def install() -> None:
     # seconds meanwhile (on the recorder's background thread, never in the hot path)
     os.environ.setdefault(config.FLUSH_S.name, "5")
     hooks.install_flush_at_shutdown()
-    hooks.install_forward_timing()
-    hooks.install_attention_coster()
+    forward.install_forward_timing()
+    forward.install_attention_coster()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
 
 
 def uninstall() -> None:
     """Undo everything ``register`` and ``install`` changed in vLLM's classes."""
-    from fxflops.integrations.vllm import hooks
+    from fxflops.integrations.vllm import hooks, layers
 
     hooks.uninstall()
+    layers.forget_models()
     _installed.clear()
 
 
@@ -93,6 +95,18 @@ def _collect_worker_metrics() -> None:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     MultiProcessCollector(REGISTRY, path=directory)
+
+
+def _install_census() -> None:
+    """Note each model vLLM compiles, for the layer safety net (``layers``): installed
+    before it is known whether fxflops will instrument (the native mode-2 path decides
+    while the model is being compiled); it keeps a weak reference per model, nothing more."""
+    if "census" in _installed:
+        return
+    from fxflops.integrations.vllm.layers import install_census
+
+    install_census()
+    _installed.add("census")
 
 
 def _install_backend_name_shim() -> None:

