@@ -221,8 +221,15 @@ class CostAnalysis:
                       "as 0 (add one with fxflops.register_formula)", op, n)
         flops = total([n.flops for n in nodes])
         matmul = total([n.matmul_flops for n in nodes])
+        # an input read in part is taken off once, however many nodes read it (one rotary
+        # cache for every layer, at the same positions)
+        unread: dict[str, Any] = {}
+        for n in nodes:
+            for source, count in n.unread:
+                unread.setdefault(source, count)
         io = total([to_count(b) for b in bytes_in + bytes_out]
-                   + [n.io_bytes for n in nodes if n.io_bytes != 0])
+                   + [n.io_bytes for n in nodes if n.io_bytes != 0]
+                   + [-1 * c for c in unread.values()])
         node_bytes = total([n.bytes for n in nodes])
         recomputed = [n for n in nodes if n.recomputed]
         symbols: set[Any] = set()
@@ -300,7 +307,7 @@ class CostAnalysis:
                 self._fake_run(node, target, args, kwargs, tally)
             io_bytes = registry.IO_BYTES.get(name)
             if io_bytes is not None:
-                cost.io_bytes = to_count(io_bytes(*args, **kwargs))
+                self._io_bytes(cost, node, io_bytes(*args, **kwargs))
             explicit = registry.BYTES_FORMULAS.get(name)
             if explicit is not None:
                 node_bytes = explicit(*args, **kwargs)
@@ -327,6 +334,22 @@ class CostAnalysis:
             cost.runtime_bytes = to_count(rc.bytes_per_context_token)
             cost.runtime_layer = rc.layer
         return cost
+
+    @staticmethod
+    def _io_bytes(cost: NodeCost, node: torch.fx.Node, found: Any) -> None:
+        """A node's ``registry.IO_BYTES`` result: bytes to add, partial reads of inputs."""
+        parts = found if isinstance(found, list) else [found]
+        added, unread = [], []
+        for part in parts:
+            if isinstance(part, registry.PartialRead):
+                source = node.args[part.arg] if part.arg < len(node.args) else None
+                key = source.name if isinstance(source, torch.fx.Node) else \
+                    f"{node.name}:{part.arg}"
+                unread.append((key, to_count(part.unread)))
+            else:
+                added.append(to_count(part))
+        cost.io_bytes = total(added)
+        cost.unread = tuple(unread)
 
     def _fake_run(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any,
                   tally: _OpTally) -> None:

@@ -75,8 +75,10 @@ class NodeCost:
     error: str | None = None
     # dtype of the first tensor input of a matmul node ("torch.bfloat16"): MFU's peak
     dtype: str | None = None
-    # added to the graph's bytes_io for this node (see registry.IO_BYTES)
+    # added to the graph's bytes_io for this node (see registry.IO_BYTES), and the bytes of
+    # graph inputs it reads only in part: (input node's name, bytes not read)
     io_bytes: Count = 0
+    unread: tuple[tuple[str, Count], ...] = ()
     # a forward node a backward graph runs again (activation checkpointing, or the
     # partitioner recomputing cheap ops): hardware FLOPs, not model FLOPs
     recomputed: bool = False

@@ -21,6 +21,7 @@ from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 from fxflops.registry import (
     FORMULAS,
     Formula,
+    PartialRead,
     op_name,
     register_formula,
     register_io_bytes,
@@ -181,17 +182,22 @@ register_zero_flop("_operator.getitem", "torch._C._log_api_usage_once", "builtin
                    "torch.autograd.grad_mode._exit_inference_mode", "_operator.setitem")
 
 
+def _unread_rows(table: Any, rows_read: Any) -> Any:
+    """Bytes of a table's rows not read when ``rows_read`` rows (at most all) are."""
+    rows = table.shape[0]
+    unread = rows - torch.sym_min(rows_read, rows)
+    return unread * (table.numel() // rows) * table.element_size()
+
+
 # An embedding reads its tokens' rows of the table, not the table.
 @register_io_bytes([aten.embedding])
 def embedding_io_bytes(weight, indices, *args, **kwargs) -> Any:
-    rows = weight.shape[0]
-    unread = rows - torch.sym_min(indices.numel(), rows)
-    return -unread * weight.shape[1] * weight.element_size()
+    return PartialRead(0, _unread_rows(weight, indices.numel()))
 
 
 @register_io_bytes(["torch.nn.functional.embedding"])
 def functional_embedding_io_bytes(indices, weight, *args, **kwargs) -> Any:
-    return embedding_io_bytes(weight, indices)
+    return PartialRead(1, _unread_rows(weight, indices.numel()))
 
 
 # torch's functional collectives (tensor parallelism under torch.compile, vLLM's included):

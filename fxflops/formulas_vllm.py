@@ -14,6 +14,7 @@ import torch
 
 from fxflops.cost import RuntimeCost
 from fxflops.registry import (
+    PartialRead,
     register_bytes,
     register_formula,
     register_io_bytes,
@@ -250,12 +251,27 @@ def cpu_fused_moe_flop(output, input, w13, w2, *args, out_val=None, **kwargs) ->
 
 @register_io_bytes(["_C::cpu_fused_moe", "_C::cpu_fused_moe_int8"])
 def cpu_fused_moe_io_bytes(output, input, w13, w2, *args, **kwargs) -> Any:
-    """The experts no token can reach this step are not read."""
+    """The experts no token can reach this step are not read (of w13 and of w2)."""
     topk_ids = next(a for a in reversed(args) if isinstance(a, torch.Tensor))
     experts = w13.shape[0]
     unused = experts - _routed(input.shape[0], topk_ids.shape[-1], experts)
-    weights = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
-    return -unused * (weights // experts)
+    return [PartialRead(2, unused * (w13.numel() // experts) * w13.element_size()),
+            PartialRead(3, unused * (w2.numel() // experts) * w2.element_size())]
+
+
+@register_io_bytes(["_C::onednn_mm"])
+def onednn_mm_io_bytes(c, a, bias, handler) -> Any:
+    """oneDNN's weight lives in its handle (the graph holds an 8-byte pointer): read whole,
+    ``K x N`` in the activation's dtype."""
+    m, k, n = _mm_dims(c.shape, a.shape)
+    return k * n * a.element_size()
+
+
+@register_io_bytes(["_C::onednn_scaled_mm"])
+def onednn_scaled_mm_io_bytes(c, a, a_scales, azp, azp_adj, bias, handler) -> Any:
+    """The int8 weight in the handle, one byte an element."""
+    m, k, n = _mm_dims(c.shape, a.shape)
+    return k * n
 
 
 def _from_forward_context(name: str) -> Any:
@@ -399,10 +415,11 @@ def moe_forward_io_bytes(hidden_states, router_logits, shared_input=None, input_
 @register_io_bytes(["_C::rotary_embedding"])
 def rotary_embedding_io_bytes(positions, query, key, head_size, cos_sin_cache, *args,
                               **kwargs) -> Any:
-    """The cos/sin cache is read at the tokens' positions, not whole."""
+    """The cos/sin cache is read at the tokens' positions, not whole (the layers share
+    one: taken off once)."""
     rows = cos_sin_cache.shape[0]
     unread = rows - torch.sym_min(positions.numel(), rows)
-    return -unread * cos_sin_cache.shape[-1] * cos_sin_cache.element_size()
+    return PartialRead(4, unread * cos_sin_cache.shape[-1] * cos_sin_cache.element_size())
 
 
 @register_io_bytes(["vllm::unified_mla_attention_with_output", "vllm::unified_mla_attention"])

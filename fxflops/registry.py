@@ -63,10 +63,19 @@ INSIDE_OPS: dict[str, str] = {}
 UNCOSTABLE_OPS: dict[str, str] = {}
 # Ops whose bytes are not their tensor arguments' (a weight hidden in a handle, say).
 BYTES_FORMULAS: dict[str, Callable[..., Any]] = {}
-# Ops whose reads the graph's inputs misstate: bytes to add to the graph's ``bytes_io``.
-# Negative for a weight read in part (an embedding reads its tokens' rows, a MoE its routed
-# experts); positive for weights an op reads that are no graph input (held in a layer).
+# Ops whose reads the graph's inputs misstate: ``fn(*args) ->`` bytes to add to the graph's
+# ``bytes_io`` (weights an op reads that are no graph input: held in a layer, or hidden in a
+# kernel's handle), or a :class:`PartialRead` (a list of them) for an input read in part (an
+# embedding reads its tokens' rows, a MoE its routed experts).
 IO_BYTES: dict[str, Callable[..., Any]] = {}
+
+
+class PartialRead(NamedTuple):
+    """Argument ``arg`` (its position) is read in part: ``unread`` of its bytes are not.
+    A tensor several ops read in part (one rotary cache for every layer) is taken off once."""
+
+    arg: int
+    unread: Any
 
 
 def op_name(target: Any) -> str:

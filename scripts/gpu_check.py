@@ -5,12 +5,15 @@
 Prints one line per check, with its figure and its goal, and PASS or FAIL:
   1. fxflops' per-call times against hand-placed CUDA events around the same calls (2%);
   2. the overhead per call at a small decode-like size (under 1% of the forward);
-  3. per-graph times recorded for CUDA-graph replays (one sample per replay);
-  4. a compiled training step: the backward graph timed by CUDA events (within the whole
+  3. calls in the report equal calls made with work still in flight, and after a flush
+     every call is timed (or counted lost);
+  4. per-graph times recorded for CUDA-graph replays (one call and one sample per replay);
+  5. a compiled training step: the backward graph timed by CUDA events (within the whole
      backward's time measured around ``loss.backward()``);
-  5. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
-  6. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
+  6. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
+  7. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
      with CUDA is importable; else SKIP).
+It first installs fxflops with ``pip install --no-deps -e .`` (the machine's torch stays).
 Exit status: 0 when every check met its goal, 1 when any missed it or failed, 2 without a
 GPU (nothing was checked).
 """
@@ -84,10 +87,42 @@ def check_event_agreement(iters: int) -> tuple[bool, str]:
     hand_ms = statistics.median(s.elapsed_time(e) for s, e in hand)
     ours_ms = row.percentiles()["median_ms"]
     diff = (ours_ms - hand_ms) / hand_ms
-    return abs(diff) <= 0.02 and row.count == iters, (
+    return abs(diff) <= 0.02 and row.samples_taken == iters, (
         f"median per call: fxflops {ours_ms:.4f} ms, hand events {hand_ms:.4f} ms, "
-        f"difference {100 * diff:+.2f}% (goal: within 2%, every call harvested); "
-        f"{row.count}/{iters} samples harvested, {ours._timer.dropped} dropped")
+        f"difference {100 * diff:+.2f}% (goal: within 2%, every call timed); "
+        f"{row.samples_taken}/{iters} samples read, {ours._timer.dropped} dropped")
+
+
+def check_calls_in_flight(iters: int) -> tuple[bool, str]:
+    """Calls in the report equal calls made, with work still in flight when it is written;
+    a flush (which waits, on its own thread) then has every call timed."""
+    import torch
+
+    import fxflops
+    from fxflops.report import load_reports
+
+    model = mlp(8192, 4)
+    x = torch.randn(4096, 8192, device="cuda", dtype=torch.bfloat16)
+    compiled, _ = compiled_pair(model, x)
+    graph = fxflops.recorder().graphs[-1]
+    torch.cuda.synchronize()
+    graph.rows.clear()
+    with torch.no_grad():
+        for _ in range(iters):
+            compiled(x)
+    in_flight = not torch.cuda.current_stream().query()
+    (row,) = fxflops.recorder().to_dict()["graphs"][-1]["rows"]
+    calls_now = row["calls"]
+    os.environ["FXFLOPS_OUT"] = tempfile.mkdtemp(prefix="fxflops-gpu-check-")
+    fxflops.recorder().flush()
+    (report,) = load_reports([os.environ["FXFLOPS_OUT"]])
+    (flushed,) = [g for g in report["graphs"] if g["name"] == graph.name][0]["rows"]
+    ok = calls_now == iters and flushed["calls"] == iters and \
+        flushed["timed_calls"] + flushed["lost_samples"] == iters
+    return ok, (f"{iters} calls made, work in flight at the report: {in_flight}; report "
+                f"then: {calls_now} calls; after a flush: {flushed['calls']} calls, "
+                f"{flushed['timed_calls']} timed, {flushed['lost_samples']} lost (goal: every "
+                "call counted, every call timed or counted lost)")
 
 
 def check_overhead(iters: int) -> tuple[bool, str]:
@@ -139,12 +174,13 @@ def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
     torch.cuda.synchronize()
     capture_registry().flush()
     rows = list(graph_record.rows.values())
-    samples = sum(r.count for r in rows)
+    calls = sum(r.count for r in rows)
+    samples = sum(r.samples_taken for r in rows)
     med = rows[0].percentiles()["median_ms"] if rows else float("nan")
-    return samples == replays and med > 0, (
-        f"CUDA-graph replays: {replays} replays, {samples} per-graph samples recorded "
-        f"(median {med:.4f} ms; {capture_registry().missed} missed) (goal: one sample per "
-        "replay)")
+    return calls == replays and samples == replays and med > 0, (
+        f"CUDA-graph replays: {replays} replays, {calls} calls and {samples} per-graph "
+        f"samples recorded (median {med:.4f} ms; {capture_registry().missed} missed) "
+        "(goal: one call and one sample per replay)")
 
 
 def check_training(steps: int) -> tuple[bool, str]:
@@ -233,6 +269,18 @@ def check_vllm() -> tuple[bool | None, str]:
                       "device and dtype)")
 
 
+def install_without_deps() -> None:
+    """fxflops as users install it (its entry points: backend="fxflops", the vLLM plugin),
+    on the machine's own torch: nothing is fetched (--no-deps: the GPU machine has no
+    network, and its torch must stay)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--no-build-isolation", "-e", str(ROOT)], capture_output=True,
+                          text=True, timeout=180)
+    if proc.returncode != 0:
+        print("gpu_check: could not install fxflops (--no-deps); running from the source "
+              "tree: " + (proc.stderr.strip().splitlines() or ["?"])[-1], flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer iterations")
@@ -244,9 +292,10 @@ def main() -> int:
         return 2
     n = 50 if args.quick else 200
     start = time.perf_counter()
+    install_without_deps()
     checks = [lambda: check_event_agreement(n), lambda: check_overhead(n),
-              lambda: check_cuda_graph_replays(n), lambda: check_training(n // 4),
-              check_peak, check_vllm]
+              lambda: check_calls_in_flight(n), lambda: check_cuda_graph_replays(n),
+              lambda: check_training(n // 4), check_peak, check_vllm]
     missed = 0
     for i, check in enumerate(checks, 1):
         try:

@@ -10,6 +10,7 @@ import torch
 
 import fxflops
 from fxflops.demo_model import DemoConfig, DemoDecoder
+from tests import procs
 
 SMALL = DemoConfig(layers=1, vocab=64, hidden=64, heads=4, kv_heads=2, intermediate=96)
 
@@ -185,12 +186,11 @@ def test_peak_env_gives_mfu(monkeypatch):
 
 
 def test_import_is_light():
-    import subprocess
     import sys
 
     code = ("import sys, fxflops; fxflops.analyze; "
             "print(sorted(m for m in ('vllm', 'matplotlib', 'rich') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = procs.run([sys.executable, "-c", code], check=True)
     assert out.stdout.strip() == "[]"
 
 

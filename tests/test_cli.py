@@ -18,11 +18,12 @@ import fxflops
 from fxflops.cli.main import build_parser, main
 from fxflops.dump import annotate, readable_source
 from fxflops.util import human
+from tests import procs
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxflops.cli.main", *args],
-                          capture_output=True, text=True, timeout=600)
+    return procs.run([sys.executable, "-m", "fxflops.cli.main", *args],
+                     timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +173,8 @@ def test_outputs_write_through_a_fifo(command, flag, tmp_path, capsys):
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", command, str(report),
-                           flag, str(fifo)], capture_output=True, text=True, timeout=120)
+    proc = procs.run([sys.executable, "-m", "fxflops.cli.main", command, str(report),
+                     flag, str(fifo)], timeout=120)
     reader.join(timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert not reader.is_alive(), "the FIFO was never opened for writing"
@@ -284,10 +285,10 @@ def test_dump_is_emitted_for_tlparse():
 def test_tune_on_real_runs(tmp_path, capsys):
     """examples/tune_sizes.py: a general and a specialised run of the same model, then tune
     (eager inner here, so which sizes win is noise: the table and a verdict must come out)."""
-    proc = subprocess.run([sys.executable, "examples/tune_sizes.py", str(tmp_path),
-                           "--inner", "eager", "--sizes", "2", "4", "--iters", "5"],
-                          capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[1])
+    proc = procs.run([sys.executable, "examples/tune_sizes.py", str(tmp_path),
+                     "--inner", "eager", "--sizes", "2", "4", "--iters", "5"],
+                     timeout=600,
+                     cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert main(["tune", str(tmp_path / "general"), str(tmp_path / "specialised")]) == 0
     out = capsys.readouterr().out

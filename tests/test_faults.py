@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch
 
 import fxflops
 from fxflops.cli.main import main
+from tests import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -407,9 +409,8 @@ def test_compare_keeps_graphs_that_share_a_name_apart(tmp_path, capsys):
 
 
 def test_demo_writes_one_report_per_run_and_says_where(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "demo", "--inner", "eager",
-                           "--iters", "1", "--layers", "1", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = procs.run([sys.executable, "-m", "fxflops.cli.main", "demo", "--inner", "eager",
+                     "--iters", "1", "--layers", "1", "--out", str(tmp_path)], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (report,) = tmp_path.glob("*.json")
     assert f"report: {report}" in proc.stdout.replace("\n", "")
@@ -462,15 +463,18 @@ def test_signal_writes_the_report_and_keeps_the_hosts_behaviour(mode, sig, tmp_p
     out = tmp_path / "out"
     env = {**os.environ, "FXFLOPS_OUT": str(out)}
     env.pop("FXFLOPS_FLUSH_S", None)
-    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = procs.popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None
-    deadline = time.monotonic() + 300
-    while proc.stdout.readline().strip() != "ready":
-        assert time.monotonic() < deadline and proc.poll() is None
+    watchdog = threading.Timer(300, proc.kill)  # a readline that never returns, ended
+    watchdog.start()
+    try:
+        while proc.stdout.readline().strip() != "ready":
+            assert proc.poll() is None, "the host ended before it was ready"
+    finally:
+        watchdog.cancel()
     proc.send_signal(sig)
-    rest = proc.stdout.read()
-    code = proc.wait(timeout=60)
+    rest, _ = procs.finish(proc, timeout=60)
+    code = proc.returncode
     if sig == signal.SIGINT:
         assert "host saw KeyboardInterrupt" in rest and code == 0
     elif mode == "handler":

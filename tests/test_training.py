@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 import fxflops
 from fxflops.steps import training_steps
+from tests import procs
 from tests.models import SmallCNN
 
 
@@ -298,9 +299,9 @@ def test_example_report_compare_plot(tmp_path):
     import sys
 
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "examples/train_tiny.py", str(out), "--inner",
-                           "aot_eager", "--steps", "3", "--seq", "16"],
-                          capture_output=True, text=True, timeout=600)
+    proc = procs.run([sys.executable, "examples/train_tiny.py", str(out), "--inner",
+                     "aot_eager", "--steps", "3", "--seq", "16"],
+                     timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = out / "train.json"
     data = json.loads(report.read_text())
@@ -308,8 +309,8 @@ def test_example_report_compare_plot(tmp_path):
     assert step["steps"] == 3 and step["backward_ms"] > 0 and step["other_graphs"]
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fxflops.cli.main", *args],
-                              capture_output=True, text=True, timeout=600)
+        return procs.run([sys.executable, "-m", "fxflops.cli.main", *args],
+                         timeout=600)
 
     shown = cli("report", str(out))
     assert shown.returncode == 0 and "training steps" in shown.stdout

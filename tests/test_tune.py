@@ -8,6 +8,7 @@ import pytest
 
 from fxflops.cli.main import main
 from fxflops.tuning import CAPTURED, GENERAL, SPECIALISED, Served, recommend
+from tests import procs
 
 
 def forward_row(size, calls, median_ms, scheduled, captured=0):
@@ -98,12 +99,11 @@ def test_thin_data_is_said_plainly(tmp_path, capsys):
     ([forward_row(4, 10, 1.0, {4: 10})], "one size only"),
     ([forward_row(1, 3, 0.0, {1: 3}), forward_row(2, 3, 0.0, {2: 3})], "no timings")])
 def test_bad_runs_are_one_line_exit_2(tmp_path, forward, message):
-    import subprocess
     import sys
 
     path = write_run(tmp_path / "run.json", forward)
-    proc = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "tune", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = procs.run([sys.executable, "-m", "fxflops.cli.main", "tune", str(path)],
+                     timeout=120)
     assert proc.returncode == 2, proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr

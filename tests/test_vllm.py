@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from fxflops.report import load_reports, merge_rows
+from tests import procs
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -26,8 +26,8 @@ HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 
 def run_tiny(out: Path, *extra: str, env: dict | None = None) -> str:
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
+    proc = procs.run(cmd, timeout=900, cwd=ROOT,
+                     env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "generated [8, 8]" in proc.stdout
     return proc.stdout + proc.stderr
@@ -154,8 +154,7 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
         m = merged[(graph_name, size)]
         assert m["matmul_flops"] - m["runtime_flops"] == \
             tp1_rows[size]["matmul_flops"] - tp1_rows[size]["runtime_flops"]
-    out = subprocess.run([sys.executable, "-m", "fxflops.cli.main", "report", str(tmp_path)],
-                         capture_output=True, text=True)
+    out = procs.run([sys.executable, "-m", "fxflops.cli.main", "report", str(tmp_path)])
     assert out.returncode == 0 and "all" in out.stdout
     # collectives (_C::shm_allreduce) and masks are counted as documented: nothing uncounted
     assert all(g["uncounted"] == {} for rep in reports for g in rep["graphs"])
@@ -172,9 +171,9 @@ def test_vllm_bench_latency_cli_flow(tmp_path):
     """`vllm bench latency -cc '{"mode": 2, "backend": "fxflops"}'`, then `fxflops report`:
     examples/vllm_latency.sh, as a user runs it."""
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT,
-                          env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache")})
+    proc = procs.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(out)],
+                     timeout=900, cwd=ROOT,
+                     env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Avg latency" in proc.stdout + proc.stderr
     assert "<forward>" in proc.stdout  # the report table
@@ -193,9 +192,9 @@ def test_mode3_backend_name_on_cpu_runs_instrumented(tmp_path):
     on CPU then turns mode 3 into mode 2 with Inductor, which is instrumented."""
     env = {k: v for k, v in os.environ.items() if k != "FXFLOPS"}
     env["VLLM_CACHE_ROOT"] = str(tmp_path / "cache")
-    proc = subprocess.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(tmp_path / "out"),
-                           '{"mode": 3, "backend": "fxflops"}'],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    proc = procs.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(tmp_path / "out"),
+                     '{"mode": 3, "backend": "fxflops"}'],
+                     timeout=900, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (report,) = load_reports([tmp_path / "out"])
     (graph,) = report["graphs"]

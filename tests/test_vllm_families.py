@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from fxflops.report import load_reports
+from tests import procs
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -53,12 +54,11 @@ def start_family(out: Path, arch: str, path: str) -> subprocess.Popen:
     pythonpath = os.pathsep.join(p for p in (str(PLUGIN), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_TEST_GEMM_PATH": path,
            "PYTHONPATH": pythonpath}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=env, start_new_session=True)
+    return procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
 
 
 def finish_family(proc: subprocess.Popen, out: Path) -> dict:
-    stdout, stderr = proc.communicate(timeout=900)
+    stdout, stderr = procs.finish(proc)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
     assert f"generated [{TOKENS}, {TOKENS}] for prompts [{LONG}, {LONG}]" in stdout
     (report,) = load_reports([out])
@@ -177,7 +177,7 @@ def test_nothing_is_uncounted_or_estimated(family):
     arch, graph, _ = family
     assert graph["uncounted"] == {}, (arch, graph["uncounted"])
     # every layer checked against its own sizes, none short of them
-    assert graph["layers"]["checked"] >= 8 and graph["layers"]["estimated"] == [], arch
+    assert graph["layers"]["checked"] >= 4 and graph["layers"]["estimated"] == [], arch
     assert graph["runtime_ops"], arch  # attention (or MLA) counted at run time
 
 

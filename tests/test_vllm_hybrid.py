@@ -26,6 +26,7 @@ import pytest
 import sympy
 
 from fxflops.report import load_reports
+from tests import procs
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -36,25 +37,25 @@ ARCHS = ("qwen3_next", "nemotron_h")
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict:
     """Both runs at once (a vLLM worker computes on one thread)."""
-    procs = {}
+    running = {}
     for arch in ARCHS:
         out = tmp_path_factory.mktemp(arch)
         cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
                "--tokens", "4", "--phases", "16", "40,40", "--backend", "eager",
                "--cache", str(out / "cache")]
-        procs[arch] = (out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             text=True, cwd=ROOT, start_new_session=True,
-                                             env={**os.environ, "FXFLOPS": "1"}))
+        running[arch] = (out, procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        cwd=ROOT, start_new_session=True,
+                                        env={**os.environ, "FXFLOPS": "1"}))
     result = {}
     try:
-        for arch, (out, proc) in procs.items():
-            stdout, stderr = proc.communicate(timeout=900)
+        for arch, (out, proc) in running.items():
+            stdout, stderr = procs.finish(proc)
             assert proc.returncode == 0, stdout[-2000:] + stderr[-5000:]
             assert "generated [4, 4] for prompts [40, 40]" in stdout
             (report,) = load_reports([out])
             (result[arch],) = report["graphs"]
     finally:
-        for _, proc in procs.values():
+        for _, proc in running.values():
             if proc.poll() is None:
                 proc.kill()
     return result

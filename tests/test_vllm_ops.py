@@ -19,8 +19,6 @@ docs/coverage.md has the counts per class; they are checked here too.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -29,6 +27,7 @@ import pytest
 
 from fxflops import analysis  # noqa: F401 (registers every built-in formula and class)
 from fxflops.registry import INSIDE_OPS, UNCOSTABLE_OPS, classify, formula_for
+from tests import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWEST = ROOT / "tests" / "data" / "vllm_ops_0.33.0.txt"
@@ -38,18 +37,12 @@ CLASSES = ("costed", "inside", "zero", "not_compute", "uncostable")
 @pytest.fixture(scope="module")
 def installed_ops() -> set[str]:
     pytest.importorskip("vllm")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_ops.py"), "--live"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          preexec_fn=_default_signals)
+    proc = procs.run([sys.executable, str(ROOT / "scripts" / "vllm_ops.py"), "--live"],
+                     timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ops = set(proc.stdout.split())
     assert len(ops) > 300, len(ops)  # vLLM 0.32 has about 500
     return ops
-
-
-def _default_signals() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def newest_ops() -> set[str]:
