@@ -224,8 +224,8 @@ class CostAnalysis:
         # an input read in part is taken off once, however many nodes read it (one rotary
         # cache for every layer, at the same positions)
         unread: dict[str, Any] = {}
-        for n in nodes:
-            for source, count in n.unread:
+        for node_cost in nodes:
+            for source, count in node_cost.unread:
                 unread.setdefault(source, count)
         io = total([to_count(b) for b in bytes_in + bytes_out]
                    + [n.io_bytes for n in nodes if n.io_bytes != 0]
