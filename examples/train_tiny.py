@@ -47,7 +47,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--inner", default="inductor", help="inductor, aot_eager or eager")
+    p.add_argument("--inner", default="inductor",
+                   help="inductor or aot_eager (eager counts the forward only)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
 

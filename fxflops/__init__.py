@@ -22,8 +22,8 @@ _LAZY = {
     "register_bytes": "fxflops.analysis",
     "register_io_bytes": "fxflops.analysis",
     "backend": "fxflops.backends",
-    "recorder": "fxflops.recording",
-    "reset_recorder": "fxflops.recording",
+    "recorder": "fxflops.session",
+    "reset_recorder": "fxflops.session",
     "load_report": "fxflops.report",
 }
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from fxflops.analysis import analyze
     from fxflops.backends import backend
     from fxflops.cost import CostAt, GraphCost, NodeCost
-    from fxflops.recording import recorder, reset_recorder
     from fxflops.registry import (
         register_bytes,
         register_formula,
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
         register_zero_flop,
     )
     from fxflops.report import load_report
+    from fxflops.session import recorder, reset_recorder
 
 
 def __getattr__(name: str) -> Any:

@@ -424,7 +424,6 @@ def analysis_version() -> str:
     """A hash of the code that turns a graph into costs: an artifact analysed by other code
     (an AOT artifact from vLLM's cache, written before an upgrade) carries stale costs."""
     import hashlib
-    import inspect
 
     from fxflops import __version__, cost, layers, op_families
 
@@ -432,8 +431,22 @@ def analysis_version() -> str:
     for module in (sys.modules[__name__], cost, formulas, formulas_vllm, formulas_ssm,
                    formulas_vllm_gpu, formulas_vllm_kernels, vllm_op_classes, op_families,
                    registry, layers):
-        digest.update(inspect.getsource(module).encode())
+        digest.update(_code_of(module))
     return digest.hexdigest()[:12]
+
+
+def _code_of(module: Any) -> bytes:
+    """A module's source, or its compiled code where no source was installed (a wheel of
+    .pyc files): what the version hashes. Never raises (an artifact must still load)."""
+    loader = getattr(getattr(module, "__spec__", None), "loader", None)
+    for get in ("get_source", "get_code"):
+        try:
+            found = getattr(loader, get)(module.__name__)
+        except Exception:
+            continue
+        if found is not None:
+            return found.encode() if isinstance(found, str) else found.co_code
+    return module.__name__.encode()
 
 
 def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,

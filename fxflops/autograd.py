@@ -6,9 +6,8 @@ of an ``autograd.Function``; the backward (about two thirds of a step's FLOPs) r
 inside ``loss.backward()``. So for such graphs fxflops instruments one level down, where
 AOTAutograd hands its compilers aten graphs: Inductor's inner compile
 (``compile_fx(inner_compile=...)``, called with ``is_backward``/``is_inference``), or for
-``inner="eager"``/``"aot_eager"`` AOTAutograd's own forward, backward and inference
-compilers. Each graph goes through ``backends.plan`` and ``backends.instrument`` like any
-other, in AOTAutograd's boxed calling convention, labelled ``meta["phase"]`` and
+``inner="aot_eager"`` AOTAutograd's own forward, backward and inference
+compilers. Each graph goes through ``backends.wrap_graph`` like any other, in AOTAutograd's boxed calling convention, labelled ``meta["phase"]`` and
 ``meta["source"]``. The forward keeps the name the Dynamo graph would have had (an
 inference run with gradients on reads the same rows as one without); the backward is
 ``<forward>.backward``.
@@ -29,22 +28,22 @@ from typing import Any
 
 import torch
 
-from fxflops.backends import instrument, plan
+from fxflops.backends import wrap_graph
 from fxflops.binder import static_size
-from fxflops.recording import recorder
-from fxflops.util import warn_once
+from fxflops.session import recorder
 
 
 def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inner: str,
-                   name: str, meta: dict[str, Any], options: dict[str, Any]
-                   ) -> Callable[..., Any]:
-    """Compile a Dynamo graph that needs gradients with ``inner`` ("inductor", "eager" or
+                   name: str, meta: dict[str, Any], options: dict[str, Any],
+                   inductor_patches: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """Compile a Dynamo graph that needs gradients with ``inner`` ("inductor" or
     "aot_eager"), instrumenting each graph AOTAutograd makes of it.
 
     The forward (or inference) graph is registered under ``name`` (which may hold
     ``{index}``), as the Dynamo graph would be without gradients; its backward as
     ``<that name>.backward``. Both carry ``meta["phase"]`` and ``meta["source"]`` (the
-    forward's name).
+    forward's name). ``inductor_patches``: Inductor's config (torch.compile's ``mode`` and
+    ``options``).
     """
     # a static graph's size label is read from the Dynamo graph's first data input (the
     # aten graphs' inputs are all "primals_<n>", weights and data alike): forward and
@@ -57,28 +56,21 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
 
     def instrumented(compile_graph: Callable[[], Any], graph: torch.fx.GraphModule,
                      phase: str) -> Any:
-        try:
-            graph_plan = plan(graph, backward=phase == "backward")
-            if graph_plan.cost.binder is None:
-                raise ValueError("its size symbols appear in no input's shape")
-            graph_plan.static_size = source_size
-            if phase == "backward":
-                if not source:  # the forward could not be instrumented
-                    source.append(name.format(index=recorder().reserve_index()))
-                graph_name = f"{source[0]}.backward"
-            else:
-                graph_name = name
-            # registered and dumped before compiling: Inductor's passes rewrite the graph
-            wrapped = instrument(_not_compiled, graph_plan, graph_name, {**meta, "phase": phase},
-                                 graph, boxed=True)
-            if phase != "backward":
-                source[:] = [wrapped.record.name]
-            wrapped.record.meta["source"] = source[0]
-        except Exception as e:
-            warn_once(f"phase:{phase}", "fxflops: could not instrument a %s graph (%s: %s); "
-                      "it runs uninstrumented", phase, type(e).__name__, e)
-            return compile_graph()
-        wrapped.inner = compile_graph()
+        if phase == "backward":
+            if not source:  # the forward could not be registered
+                source.append(name.format(index=recorder().reserve_index()))
+            graph_name = f"{source[0]}.backward"
+        else:
+            graph_name = name
+        # registered and dumped before compiling (Inductor's passes rewrite the graph)
+        wrapped = wrap_graph(compile_graph, graph_name, {**meta, "phase": phase}, gm=graph,
+                             backward=phase == "backward", static_size=source_size, boxed=True)
+        record = getattr(wrapped, "record", None)
+        registered = record.name if record is not None else wrapped.entry.name
+        if phase != "backward":
+            source[:] = [registered]
+        if record is not None:
+            record.meta["source"] = source[0]
         return wrapped
 
     with torch._functorch.config.patch(enable_autograd_cache=False):
@@ -93,7 +85,7 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
                                     phase)
 
             compiled: Any = compile_fx(gm, example_inputs, inner_compile=inner_compile,
-                                       **options)
+                                       config_patches=inductor_patches or None, **options)
             return compiled  # a callable here (other types are for AOT export)
 
         from functorch.compile import make_boxed_func
@@ -109,6 +101,3 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
                                inference_compiler=compiler("inference"), **options)
         return backend(gm, example_inputs)
 
-
-def _not_compiled(*args: Any) -> Any:
-    raise RuntimeError("fxflops: graph called before its compile finished")

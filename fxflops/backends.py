@@ -3,11 +3,11 @@
 ``torch.compile(m, backend="fxflops")`` (registered through the ``torch_dynamo_backends``
 entry point) analyses each graph Dynamo hands over, lets the inner backend (Inductor by
 default) compile it, and returns an :class:`InstrumentedGraph` that times every call per
-runtime size. Every path that instruments a graph — this backend, vLLM's mode 2 and
-piecewise graphs (compiled or loaded from vLLM's cache), an AOT artifact loaded from disk —
-goes through :func:`plan` (analyse) and :func:`instrument` (register, describe the process,
-dump, choose the timer, wrap). A failure inside fxflops is logged once and the inner
-callable is used as is.
+runtime size. Every path that instruments a graph — this backend, a training step's forward
+and backward graphs, vLLM's mode 2 and piecewise graphs (compiled or loaded from vLLM's
+cache), an AOT artifact loaded from disk — goes through :func:`wrap_graph`: plan (analyse),
+register and dump, compile, wrap; and when fxflops fails, the inner callable runs as
+compiled, and the report names the graph, says why, and counts its calls.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from fxflops.analysis import analysis_version, analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
-from fxflops.recording import GraphRecord, charge_runtime, coster, recorder
+from fxflops.recording import GraphRecord, UninstrumentedGraph, charge_runtime, coster
+from fxflops.session import host_raised, recorder
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
+# set on an exception a host's signal handler raised (``session``): never fxflops' to catch
+_HOST = "_fxflops_host_raised"
 
 
 @dataclasses.dataclass
@@ -45,6 +48,10 @@ class GraphPlan:
     static_size: int | str
     device: str  # "cuda" or "cpu": which clock times the calls
     analysed_by: str = ""  # analysis_version() of the code that made ``cost``
+
+
+class NotInstrumentable(ValueError):
+    pass
 
 
 def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
@@ -59,21 +66,76 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, 
     return GraphPlan(cost, static_size(gm), device, analysis_version())
 
 
-def instrument(compiled: Callable[..., Any], graph_plan: GraphPlan, name: str,
-               meta: dict[str, Any], gm: torch.fx.GraphModule | None = None, *,
-               boxed: bool = False) -> InstrumentedGraph:
-    """Register the graph, note the process's device and dtype (MFU's peak), dump the
-    annotated graph when ``gm`` is given, and wrap ``compiled`` with the right clock.
+def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any], *,
+               gm: torch.fx.GraphModule | None = None,
+               example_inputs: Sequence[Any] | None = None,
+               graph_plan: GraphPlan | None = None, backward: bool = False,
+               static_size: int | str | None = None, boxed: bool = False,
+               dynamo: bool = False) -> Any:
+    """The one way a graph is instrumented.
 
-    ``boxed``: ``compiled`` takes AOTAutograd's boxed calling convention (one list of
-    arguments, which it may clear), and so does the wrapper.
+    Analyse ``gm`` (unless ``graph_plan`` is given: an artifact loaded from a cache),
+    register the graph and dump it before ``compile_inner()`` runs (Inductor's passes may
+    rewrite ``gm``), then wrap what it returns. ``name`` may hold ``{index}``. ``boxed``:
+    AOTAutograd's calling convention (one list of arguments); ``dynamo``: Dynamo calls the
+    result through its own disable wrapper (the inner's is then not needed again).
+
+    What ``compile_inner`` raises is the inner compile's and propagates (Dynamo's restarts
+    among it). When fxflops itself fails, the inner callable runs as compiled, and the
+    report names the graph, says why and counts its calls; warned once.
     """
+    record: GraphRecord | None = None
+    failure: BaseException | None = None
+    try:
+        graph_plan = graph_plan or plan(gm, example_inputs, backward=backward)  # type: ignore[arg-type]
+        if static_size is not None:
+            graph_plan.static_size = static_size
+        if graph_plan.cost.binder is None:
+            raise NotInstrumentable("its size symbols are in no input's shape (sizes read "
+                                    "from tensor data, as .item() makes them)")
+        record = _register(graph_plan, name, meta, gm)
+    except Exception as e:
+        if host_raised(e):
+            raise
+        failure = e
+    try:
+        compiled = compile_inner()
+    except BaseException:
+        if record is not None:
+            recorder().unregister(record)
+        raise
+    if record is not None and graph_plan is not None:
+        try:
+            return InstrumentedGraph(compiled, record, graph_plan,
+                                     make_timer(graph_plan.device), boxed=boxed, dynamo=dynamo)
+        except Exception as e:
+            if host_raised(e):
+                raise
+            recorder().unregister(record)
+            failure = e
+    return uninstrumented(compiled, name, failure, boxed=boxed)
+
+
+def uninstrumented(compiled: Any, name: str, failure: BaseException | None, *,
+                   boxed: bool = False) -> Any:
+    """``compiled`` running as it is, its calls counted, the graph and the reason in the
+    report (``Recorder.uninstrumented``)."""
+    reason = f"{type(failure).__name__}: {failure}" if failure is not None else "unknown"
+    entry = recorder().register_uninstrumented(name, reason)
+    warn_once(f"uninstrumented:{reason}", "fxflops: graph %s is not instrumented (%s); it "
+              "runs as compiled, its calls counted", entry.name, reason)
+    return (_CountedBoxedGraph if boxed else CountedGraph)(compiled, entry)
+
+
+def _register(graph_plan: GraphPlan, name: str, meta: dict[str, Any],
+              gm: torch.fx.GraphModule | None) -> GraphRecord:
+    """Register the graph, note the process's device and dtype (MFU's peak), and dump the
+    annotated graph when ``gm`` is given."""
     record = recorder().register(name, graph_plan.cost, graph_plan.static_size, meta)
     _describe_process(graph_plan)
     if gm is not None:
         _dump(gm, record)
-    return InstrumentedGraph(compiled, record, graph_plan, make_timer(graph_plan.device),
-                             boxed=boxed)
+    return record
 
 
 def make_timer(device: str) -> CudaEventTimer | None:
@@ -90,7 +152,10 @@ def _describe_process(graph_plan: GraphPlan) -> None:
 
     info = recorder().info
     if "device" not in info:
-        info["device"] = device_name(graph_plan.device)
+        try:
+            info["device"] = device_name(graph_plan.device)
+        except Exception:  # (an artifact loaded where its device is not)
+            info["device"] = graph_plan.device
     # MFU's peak is the one of the dtype the matmuls ran in
     dtype = DTYPE_NAMES.get(graph_plan.cost.matmul_dtype or "")
     if dtype and "dtype" not in info:
@@ -127,22 +192,71 @@ def _resolve_class(name: str) -> Any:
     return obj
 
 
-class InstrumentedGraph(SerializableCallable):
+def _callable_of(inner: Any, dynamo: bool) -> Any:
+    """What the hot path calls. Under Dynamo's own disable wrapper (the backend's path),
+    an inner that is itself only a disable wrapper (Inductor's) is called unwrapped: one
+    eval-frame round trip per call, as Dynamo makes for a plain backend."""
+    if dynamo and getattr(inner, "_torchdynamo_disable", False) and \
+            getattr(inner, "_torchdynamo_disable_recursive", True):
+        from torch._dynamo.eval_frame import innermost_fn
+
+        return innermost_fn(inner)
+    return inner
+
+
+class _Serializable(SerializableCallable):
+    """A wrapper whose state travels with its inner artifact (vLLM's AOT cache)."""
+
+    inner: Any
+
+    @staticmethod
+    def _inner_state(inner: Any) -> dict[str, Any]:
+        if not isinstance(inner, SerializableCallable):
+            if getattr(inner, "serialize", None) is not None:
+                from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+                inner = BundledAOTAutogradSerializableCallable(inner)
+            elif isinstance(inner, torch.fx.GraphModule):
+                from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
+
+                inner = GraphModuleSerializableCallable(inner)
+            else:
+                raise RuntimeError(f"fxflops: inner callable {type(inner)} is not serialisable")
+        return {"inner_cls": _qualname(inner),
+                "inner": type(inner).serialize_compile_artifacts(inner)}
+
+    @staticmethod
+    def _load_inner(state: dict[str, Any]) -> Any:
+        return _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
+
+    def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
+        (Inductor's bundled callable has none: there is nothing to finish then)."""
+        finish = getattr(self.inner, "finalize_loading", None)
+        if finish is not None:
+            finish(*args, **kwargs)
+
+
+class InstrumentedGraph(_Serializable):
     """A compiled graph that records, per call, its size and how long it took.
 
     Per call on the CPU clock: the size key (``operator.itemgetter`` for the usual single
     size symbol), one dict lookup, two clock reads, one ring-buffer slot. Sympy runs once
     per new size, never per call. Graphs with run-time costs (vLLM attention), on a GPU, or
-    whose instrumentation gave up take ``_call_special``.
+    whose instrumentation gave up take ``_call_special``. Every attribute the call path
+    reads is bound here (no ``__getattr__``: Dynamo's wrapper reads ``__name__`` per call).
     """
 
     boxed = False
 
     def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
-                 timer: CudaEventTimer | None = None, boxed: bool = False) -> None:
+                 timer: CudaEventTimer | None = None, boxed: bool = False,
+                 dynamo: bool = False) -> None:
         self.inner = inner
+        self._run = _callable_of(inner, dynamo)
         self.record = record
         self.plan = graph_plan
+        self.__name__ = self.__qualname__ = f"fxflops_{record.name}"
         self._timer = timer
         self._rows = record.rows
         self._key = record.binder.key
@@ -167,10 +281,12 @@ class InstrumentedGraph(SerializableCallable):
     def __call__(self, *args: Any) -> Any:
         try:
             row = self._rows[self._key(args)]
-        except Exception:  # a new size (KeyError), or something no longer readable
+        except Exception as e:  # a new size (KeyError), or something no longer readable
+            if getattr(e, _HOST, False):
+                raise
             return self._call_special(args)
         t0 = _now()
-        out = self.inner(*args)
+        out = self._run(*args)
         ns = _now() - t0
         # SizeStats.add, inlined: this is the whole per-call bookkeeping (the sample in
         # place before the call is counted)
@@ -190,12 +306,14 @@ class InstrumentedGraph(SerializableCallable):
             if self._runtime and row.runtime_terms:
                 charge_runtime(row)
         except Exception as e:
+            if host_raised(e):
+                raise
             return self._give_up(e, args)
         call_args = (args,) if self.boxed else args
         if self._timer is not None:
-            return self._timer.time_call(self.inner, call_args, row)
+            return self._timer.time_call(self._run, call_args, row)
         t0 = _now()
-        out = self.inner(*call_args)
+        out = self._run(*call_args)
         row.add(_now() - t0)
         return out
 
@@ -204,57 +322,35 @@ class InstrumentedGraph(SerializableCallable):
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s: %s); it runs uninstrumented from now on", self.record.name,
                   type(error).__name__, error)
-        return self.inner(args) if self.boxed else self.inner(*args)
-
-    def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
-        """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
-        (Inductor's bundled callable has none: there is nothing to finish then)."""
-        finish = getattr(self.inner, "finalize_loading", None)
-        if finish is not None:
-            finish(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        # Inductor's and AOTAutograd's callables carry attributes callers may read.
-        # ``serialize`` must not leak through: torch would then bundle the inner artifact
-        # alone and drop the instrumentation (we are a SerializableCallable ourselves)
-        if name in ("inner", "record", "plan", "serialize", "_boxed_call") \
-                or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+        return self._run(args) if self.boxed else self._run(*args)
 
     # --- SerializableCallable: the plan travels with the inner artifact ---------------
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: InstrumentedGraph) -> bytes:
-        inner = fn.inner
-        if not isinstance(inner, SerializableCallable):
-            if getattr(inner, "serialize", None) is not None:
-                from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
-
-                inner = BundledAOTAutogradSerializableCallable(inner)
-            elif isinstance(inner, torch.fx.GraphModule):
-                from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
-
-                inner = GraphModuleSerializableCallable(inner)
-            else:
-                raise RuntimeError(f"fxflops: inner callable {type(inner)} is not serialisable")
-        state = {
-            "inner_cls": _qualname(inner),
-            "inner": type(inner).serialize_compile_artifacts(inner),
-            "name": fn.record.name, "meta": fn.record.meta, "plan": fn.plan,
-        }
+        state = {**cls._inner_state(fn.inner), "name": fn.record.name, "meta": fn.record.meta,
+                 "plan": fn.plan}
         return pickle.dumps(state)
 
     @classmethod
-    def deserialize_compile_artifacts(cls, data: bytes) -> InstrumentedGraph:
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        """The inner artifact, instrumented with the plan it was saved with; if that plan
+        cannot be used here (fxflops changed, a class moved), the inner runs as loaded and
+        the report says so. Only an inner that cannot be loaded raises (the cache's own
+        error)."""
         state = pickle.loads(data)
-        inner = _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
-        if state["plan"].analysed_by != analysis_version():
-            warn_once("stale-artifact", "fxflops: graph %s was loaded from a compiled artifact "
-                      "that other fxflops code analysed; its FLOPs and bytes may be stale "
-                      "(clear the compile cache, e.g. vLLM's VLLM_CACHE_ROOT, to redo them)",
-                      state["name"])
-        return instrument(inner, state["plan"], state["name"], {**state["meta"], "loaded": True})
+        inner = cls._load_inner(state)
+        name, meta = state.get("name", "graph{index}"), {**state.get("meta", {}), "loaded": True}
+        try:
+            graph_plan = state["plan"]
+            if graph_plan.analysed_by != analysis_version():
+                warn_once("stale-artifact", "fxflops: graph %s was loaded from a compiled "
+                          "artifact that other fxflops code analysed; its FLOPs and bytes may "
+                          "be stale (clear the compile cache, e.g. vLLM's VLLM_CACHE_ROOT, "
+                          "to redo them)", name)
+        except Exception as e:
+            return uninstrumented(inner, name, e)
+        return wrap_graph(lambda: inner, name, meta, graph_plan=graph_plan)
 
 
 class _SpecialGraph(InstrumentedGraph):
@@ -268,7 +364,7 @@ class _UninstrumentedGraph(InstrumentedGraph):
     """A graph whose instrumentation failed: the inner callable, and nothing else."""
 
     def __call__(self, *args: Any) -> Any:
-        return self.inner(*args)
+        return self._run(*args)
 
 
 class _BoxedGraph(InstrumentedGraph):
@@ -283,10 +379,12 @@ class _BoxedGraph(InstrumentedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
         try:
             row = self._rows[self._key(args)]
-        except Exception:
+        except Exception as e:
+            if getattr(e, _HOST, False):
+                raise
             return self._call_special(args)
         t0 = _now()
-        out = self.inner(args)
+        out = self._run(args)
         row.add(_now() - t0)
         return out
 
@@ -298,11 +396,49 @@ class _BoxedSpecialGraph(_BoxedGraph):
 
 class _UninstrumentedBoxedGraph(_BoxedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        return self._run(args)
+
+
+class CountedGraph(_Serializable):
+    """A graph fxflops could not instrument: the inner callable, its calls counted."""
+
+    def __init__(self, inner: Callable[..., Any], entry: UninstrumentedGraph) -> None:
+        self.inner = inner
+        self.entry = entry
+        self.__name__ = self.__qualname__ = f"fxflops_{entry.name}"
+
+    def __call__(self, *args: Any) -> Any:
+        self.entry.calls += 1
+        return self.inner(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: CountedGraph) -> bytes:
+        return pickle.dumps({**cls._inner_state(fn.inner), "name": fn.entry.name,
+                             "reason": fn.entry.reason})
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        state = pickle.loads(data)
+        return uninstrumented(cls._load_inner(state), state["name"],
+                              NotInstrumentable(state["reason"]))
+
+
+class _CountedBoxedGraph(CountedGraph):
+    _boxed_call = True
+
+    def __init__(self, inner: Callable[..., Any], entry: UninstrumentedGraph) -> None:
+        super().__init__(inner, entry)
+        self._boxed_call = True  # (see InstrumentedGraph: disable copies the __dict__)
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        self.entry.calls += 1
         return self.inner(args)
 
 
-# inner backends whose AOTAutograd graphs (forward and backward) fxflops instruments
-PHASED_INNERS = ("inductor", "eager", "aot_eager")
+# inner backends whose AOTAutograd graphs (forward and backward) fxflops instruments; the
+# eager inner is left as Dynamo's eager runs it (no AOTAutograd inserted: double backward
+# and every other eager-mode autograd behaviour keep working)
+PHASED_INNERS = ("inductor", "aot_eager")
 
 
 def needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
@@ -313,6 +449,15 @@ def needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         any(p.requires_grad for p in gm.parameters())
 
 
+def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Inductor's config for ``torch.compile``'s ``mode`` and ``options``, as
+    ``backend="inductor"`` makes it (``torch._TorchCompileInductorWrapper``)."""
+    if not mode and not options:
+        return {}
+    wrapper = torch._TorchCompileInductorWrapper(mode, options, None)  # type: ignore[attr-defined]
+    return dict(wrapper.config)
+
+
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
     if callable(inner):
         return inner
@@ -321,6 +466,20 @@ def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
     if inner == "fxflops":
         raise ValueError("fxflops cannot wrap itself")
     return lookup_backend(inner)
+
+
+def _eager_forward(compiled: Any) -> Any:
+    """A lazily recompiled GraphModule's ``forward`` (what the eager backends return) goes
+    through ``nn.Module.__call__`` on every call until recompiled: recompile it now, and
+    call the generated forward, as Dynamo's own eager path ends up doing."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    owner = getattr(compiled, "__self__", None)
+    if isinstance(owner, _LazyGraphModule) and \
+            getattr(compiled, "__func__", None) is _LazyGraphModule._lazy_forward:
+        owner.real_recompile()
+        return owner.forward
+    return compiled
 
 
 class FxflopsBackend:
@@ -334,42 +493,39 @@ class FxflopsBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
-        inner_backend = resolve_inner(self.inner)
+        kwargs = {**self.options, **kwargs}
+        # torch.compile's mode= and options= (passed to a custom backend as keywords):
+        # Inductor takes them as its config, as it does for backend="inductor"
+        mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+        patches = inductor_patches(mode, options) if self.inner == "inductor" else {}
+        if self.inner != "inductor":  # another backend takes them as it would unwrapped
+            kwargs.update({k: v for k, v in (("mode", mode), ("options", options)) if v})
         if needs_grad(gm, example_inputs):
             if self.inner in PHASED_INNERS:
-                return self._compile_phases(gm, example_inputs, kwargs)
+                return self._compile_phases(gm, example_inputs, kwargs, patches)
             warn_once(f"backward:{_inner_name(self.inner)}", "fxflops: inner backend %s: "
                       "only forward graphs are counted and timed (backward graphs are for "
-                      "inductor, eager and aot_eager)", _inner_name(self.inner))
-        graph_plan = None
-        try:
-            graph_plan = plan(gm)
-            if graph_plan.cost.binder is None:
-                raise ValueError("its size symbols appear in no input's shape")
-        except Exception as e:
-            graph_plan = None
-            warn_once("analyze", "fxflops: analysis failed (%s: %s); compiling without "
-                      "instrumentation", type(e).__name__, e)
-        compiled = inner_backend(gm, example_inputs, **{**self.options, **kwargs})
-        if graph_plan is None:
-            return compiled
-        try:
-            return instrument(compiled, graph_plan, self.name or "graph{index}",
-                              self._meta(), gm)
-        except Exception as e:
-            warn_once("wrap", "fxflops: could not instrument (%s: %s); running uninstrumented",
-                      type(e).__name__, e)
-            return compiled
+                      "inductor and aot_eager)", _inner_name(self.inner))
+
+        def compile_inner() -> Any:
+            if self.inner == "inductor":
+                from torch._inductor.compile_fx import compile_fx
+
+                return compile_fx(gm, example_inputs, config_patches=patches or None, **kwargs)
+            return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
+
+        return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(), gm=gm,
+                          dynamo=True)
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                        kwargs: dict[str, Any]) -> Callable[..., Any]:
+                        kwargs: dict[str, Any], patches: dict[str, Any]) -> Callable[..., Any]:
         """A graph that needs gradients: its forward and backward graphs, one level down."""
         from fxflops.autograd import compile_phases
 
         # not in a try: what the compile raises is the inner backend's (Dynamo's restarts
         # among it, which must reach Dynamo); fxflops' own failures are caught inside
         return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
-                              self._meta(), {**self.options, **kwargs})
+                              self._meta(), kwargs, patches)
 
     def _meta(self) -> dict[str, Any]:
         """The inner backend, and the Python frame Dynamo compiled: graphs of one frame

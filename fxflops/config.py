@@ -124,6 +124,21 @@ VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFL
                                    PROMETHEUS_DIR, PROMETHEUS_SIZES)
 
 
+def warn_unknown_variables() -> None:
+    """One warning for each ``FXFLOPS_*`` variable set that fxflops does not know (a typo
+    would otherwise be silently ignored), with the nearest known name."""
+    import difflib
+
+    known = {v.name for v in VARIABLES}
+    for name in sorted(os.environ):
+        if not name.startswith("FXFLOPS") or name in known:
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        warn_once(f"env-unknown:{name}", "fxflops: %s is not an fxflops setting; ignored%s",
+                  name, hint)
+
+
 def run_id() -> str:
     """This run's id: ``FXFLOPS_RUN_ID``, or a new one, then exported so that the processes
     this one starts (vLLM's engine and workers) report under the same run."""

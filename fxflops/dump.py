@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,7 @@ def _safe(name: str) -> str:
 def dump_graph(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
     """Dump the symbolic annotation now; sized dumps follow as sizes are seen."""
     lines = readable_source(gm)
-    record.listing = lines
+    _LISTINGS[record] = lines
     text = annotate(lines, record.cost, record.name)
     # FXFLOPS_DUMP_DIR: set by the vLLM integration to sit beside depyf's dump
     dirs = [d for d in (_out_dir(), config.DUMP_DIR.get()) if d]
@@ -138,16 +139,19 @@ def dump_graph(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
 
 # per-size dumps per graph: the first sizes seen; the symbolic dump covers every other one
 MAX_SIZE_DUMPS = 64
+# this module's state beside the store's graphs: each graph's source, and the sizes dumped
+_LISTINGS: weakref.WeakKeyDictionary[GraphRecord, list[str]] = weakref.WeakKeyDictionary()
+_DUMPED: weakref.WeakKeyDictionary[GraphRecord, set[Any]] = weakref.WeakKeyDictionary()
 
 
 def dump_sizes(record: GraphRecord) -> None:
     """One dump per size seen so far, each written once, for the first ``MAX_SIZE_DUMPS``
     sizes (called when a report is flushed, never per call)."""
-    lines = record.listing
+    lines = _LISTINGS.get(record)
     out = _out_dir()
     if not lines or not out or not record.cost.symbols:
         return
-    done = record.dumped_sizes
+    done = _DUMPED.setdefault(record, set())
     for raw_key, row in list(record.rows.items()):
         if len(done) >= MAX_SIZE_DUMPS:
             return

@@ -61,15 +61,15 @@ class Sample(NamedTuple):
 
 def samples(rec: Recorder) -> list[Sample]:
     """Every counter and gauge of this process, from its rows as they are now."""
-    from fxflops.report import forward_costs, process_rank
+    from fxflops.report import forward_cost, forward_costs, process_rank
 
     rank = rec.info.get("rank", process_rank())
     rank_label = str(rank) if rank is not None else "0"
     limit = config.PROMETHEUS_SIZES.get()
     out: list[Sample] = []
-    for g in rec.graphs:
+    for g in rec.graphs_snapshot():
         estimated = g.cost.estimated
-        for size, rows in _bounded(g.rows.values(), g.overflow, limit):
+        for size, rows in _bounded(list(g.rows.values()), g.overflow, limit):
             labels: tuple[tuple[str, str], ...] = (("graph", g.name), ("size", size),
                                                    ("rank", rank_label))
             out += _row_samples("fxflops_graph", "compiled graph", labels, rows)
@@ -88,16 +88,22 @@ def samples(rec: Recorder) -> list[Sample]:
                               "fxflops: layers counted from their sizes because no formula "
                               "counts this op (the report names them)",
                               (("graph", g.name), ("op", op), ("rank", rank_label)), count))
-    forward_costs(rec)
-    for size, rows in _bounded(rec.forwards.values(), None, limit):
+    costs = forward_costs(rec)
+    for size, rows in _bounded(rec.forwards_snapshot(), None, limit):
         labels = (("size", size), ("rank", rank_label))
-        out += _row_samples("fxflops_forward", "whole forward (vLLM)", labels, rows)
+        out += _row_samples("fxflops_forward", "whole forward (vLLM)", labels, rows,
+                            [forward_cost(costs, r) for r in rows])
         per_row = [(int(r.key[0]) if r.key else 0, *r.scheduled_tokens()) for r in rows]
         padded = sum(size * forwards for size, forwards, _ in per_row)
         scheduled = sum(tokens for _, _, tokens in per_row)
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):
             out.append(Sample("counter", f"fxflops_forward_{name}", f"fxflops: {text}",
                               labels, value))
+    for entry in list(rec.uninstrumented):
+        out.append(Sample("counter", "fxflops_uninstrumented_calls",
+                          "fxflops: calls of a graph fxflops could not instrument (the report "
+                          "says why)", (("graph", entry.name), ("rank", rank_label)),
+                          entry.calls))
     peak = rec.peak()
     for name, text, field, unit in _GAUGES:
         if peak.get(field):
@@ -121,11 +127,11 @@ def _bounded(rows: Any, overflow: SizeStats | None, limit: int
 
 
 def _row_samples(prefix: str, what: str, labels: tuple[tuple[str, str], ...],
-                 rows: list[SizeStats]) -> list[Sample]:
+                 rows: list[SizeStats], costs: list[Any] | None = None) -> list[Sample]:
     flops = matmul = bytes_ = calls = 0
     ns = 0
-    for r in rows:
-        f, m, b, n = r.totals()
+    for i, r in enumerate(rows):
+        f, m, b, n = r.totals(costs[i] if costs is not None else None)
         flops, matmul, bytes_, calls, ns = flops + f, matmul + m, bytes_ + b, calls + n, \
             ns + r.total_ns
     values = (calls, flops, matmul, bytes_, ns / 1e9)

@@ -1,16 +1,16 @@
-"""The process-wide recorder: every instrumented graph, its per-size rows, whole forwards.
+"""The process-wide store: every instrumented graph, its per-size rows, whole forwards.
 
-Writing the report and the periodic log happen on a daemon thread and at exit, never in
-the hot path.
+It holds data and nothing else: the report, the metrics and the dumps read it (and keep
+their own caches), and ``fxflops.session`` writes them out (on a daemon thread, at exit, at
+a signal). The hot path only ever adds to a row; rows are made under a lock, and readers
+iterate over snapshots (``list(...)``, one C-level copy under the GIL), so a reader never
+sees a dict change size under it.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +20,7 @@ from fxflops import config
 from fxflops.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost import CostAt, GraphCost, evaluate
 from fxflops.stats import SizeStats, size_label
-from fxflops.util import forget_warnings, warn_once
+from fxflops.util import forget_warnings
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,7 @@ class GraphRecord:
         # calls at sizes past ``max_sizes``: counted and timed here, not per size
         self.overflow = SizeStats((), "overflow")
         self.dropped_keys: set[Any] = set()  # at most ``MAX_DROPPED_KEYS`` of them
-        self.listing: list[str] | None = None  # the graph's source, for per-size dumps
-        self.dumped_sizes: set[Any] = set()
-        self.summary: dict[str, Any] | None = None  # the report's part that never changes
+        self._lock = threading.Lock()  # making a row (a new size): never on the hot path
         # (kind, layer, FLOPs per pair, KV bytes per context token) of each run-time node
         self._runtime_terms = [(n.runtime, n.runtime_layer, n.runtime_coeff, n.runtime_bytes)
                                for n in cost.runtime_nodes if n.runtime]
@@ -63,25 +61,50 @@ class GraphRecord:
         return len(self.dropped_keys)
 
     def new_row(self, raw_key: Any) -> SizeStats:
-        """First call at a size: evaluate the cost expressions once for it."""
+        """First call at a size: evaluate the cost expressions once for it (under the lock:
+        two threads at one new size get one row)."""
         row = self.rows.get(raw_key)
         if row is not None:
             return row
-        if len(self.rows) >= self.max_sizes:
-            if len(self.dropped_keys) < MAX_DROPPED_KEYS:
-                self.dropped_keys.add(raw_key)
-            return self.overflow
-        key = self.binder.as_tuple(raw_key)
-        binding = dict(zip(self.cost.symbols, key))
-        cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
-        row = SizeStats(key, size_label(key) if key else self.static_size, cost)
-        row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
-                             for kind, layer, f, b in self._runtime_terms]
-        return self.rows.setdefault(raw_key, row)
+        with self._lock:
+            row = self.rows.get(raw_key)
+            if row is not None:
+                return row
+            if len(self.rows) >= self.max_sizes:
+                if len(self.dropped_keys) < MAX_DROPPED_KEYS:
+                    self.dropped_keys.add(raw_key)
+                return self.overflow
+            key = self.binder.as_tuple(raw_key)
+            binding = dict(zip(self.cost.symbols, key))
+            cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
+            row = SizeStats(key, size_label(key) if key else self.static_size, cost)
+            row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
+                                 for kind, layer, f, b in self._runtime_terms]
+            self.rows[raw_key] = row
+            return row
 
     def all_rows(self) -> list[SizeStats]:
-        """The per-size rows, and the overflow row once a call went there."""
-        return [*self.rows.values(), *([self.overflow] if self.overflow.count else [])]
+        """A snapshot of the per-size rows, and the overflow row once a call went there."""
+        rows = list(self.rows.values())
+        return rows + [self.overflow] if self.overflow.count else rows
+
+    def after_fork(self) -> None:
+        """(In a forked child.) Empty counts: the parent's calls are the parent's; a lock
+        the parent held at the fork is a new one here."""
+        self._lock = threading.Lock()
+        self.rows.clear()
+        self.overflow = SizeStats((), "overflow")
+        self.dropped_keys.clear()
+
+
+class UninstrumentedGraph:
+    """A graph fxflops could not instrument: its name, why, and its calls (counted by the
+    pass-through wrapper it runs in, where one could be kept)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        self.calls = 0
 
 
 def _no_counts(window: int | None) -> None:
@@ -143,33 +166,19 @@ def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) 
         row.runtime_calls += 1
 
 
-def _metrics_dir() -> str | None:
-    """Where the Prometheus counters' files go (None: not asked for, or nowhere to go)."""
-    if not config.PROMETHEUS.get():
-        return None
-    from fxflops.metrics import files_dir
-
-    return files_dir()
-
-
 class Recorder:
+    """The process's graphs and rows (``fxflops.session.Session`` adds the outputs)."""
+
     def __init__(self) -> None:
         self.graphs: list[GraphRecord] = []
         self.forwards: dict[int, SizeStats] = {}
+        # graphs fxflops could not instrument (they run as compiled, counted where possible)
+        self.uninstrumented: list[UninstrumentedGraph] = []
         self.info: dict[str, Any] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._flush_lock = threading.RLock()
-        # when the last periodic flush ended, and how long to wait before the next one
-        self._last_flush: float | None = None
-        self._flush_gap = 0.0
-        self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
-        self._exit_hooked = False
         self.run_id = config.run_id()
         self.started = time.time()
-        # (graphs when made, {tokens: FLOPs of a forward}): report.padding_figures' cache
-        self.flops_at_cache: tuple[int, dict[int, int | None]] = (0, {})
 
     # --- registration (compile time) -------------------------------------------------
 
@@ -180,8 +189,25 @@ class Recorder:
             index = next(self._ids)
             record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
             self.graphs.append(record)
-        self._start_background()
+        self.registered(record)
         return record
+
+    def register_uninstrumented(self, name: str, reason: str) -> UninstrumentedGraph:
+        """A graph that runs uninstrumented, and why (``name`` may hold ``{index}``)."""
+        with self._lock:
+            entry = UninstrumentedGraph(name.format(index=next(self._ids)), reason)
+            self.uninstrumented.append(entry)
+        self.registered(entry)
+        return entry
+
+    def unregister(self, record: GraphRecord) -> None:
+        """Forget a graph whose compile failed after it was registered."""
+        with self._lock:
+            if record in self.graphs:
+                self.graphs.remove(record)
+
+    def registered(self, record: Any) -> None:
+        """Called after each registration (the session starts its outputs there)."""
 
     def reserve_index(self) -> int:
         """An index no graph of this process has (to name a backward graph whose forward
@@ -197,223 +223,63 @@ class Recorder:
 
     # --- reading ----------------------------------------------------------------------
 
-    def stats(self) -> list[dict[str, Any]]:
-        from fxflops.report import graph_rows
+    def graphs_snapshot(self) -> list[GraphRecord]:
+        return list(self.graphs)
 
-        collect_samples()
-        return [row for g in self.graphs for row in graph_rows(g, self.peak())]
+    def forwards_snapshot(self) -> list[SizeStats]:
+        return list(self.forwards.values())
 
     def peak(self) -> dict[str, Any]:
         from fxflops.peaks import current_peak
 
         return current_peak(self.info.get("device"), self.info.get("dtype", "bf16"))
 
-    def to_dict(self) -> dict[str, Any]:
-        from fxflops.report import build_report
-
-        collect_samples()
-        return build_report(self)
-
-    def save(self, path: str | os.PathLike[str]) -> str:
-        from fxflops.report import write_atomic
-
-        return write_atomic(self.to_dict(), path)
-
     def reset(self) -> None:
         """Forget every row (graphs stay registered: their callables still point here)."""
-        for g in self.graphs:
+        for g in self.graphs_snapshot():
             g.rows.clear()
             g.overflow = SizeStats((), "overflow")
             g.dropped_keys.clear()
         self.forwards.clear()
+        for entry in list(self.uninstrumented):
+            entry.calls = 0
 
-    # --- background: periodic report file and log line ------------------------------
-
-    def default_path(self) -> str | None:
-        out = config.OUT.get()
-        if not out:
-            return None
-        from fxflops.report import report_filename
-
-        return os.path.join(out, report_filename(self.info))
-
-    def flush(self, final: bool = False) -> None:
-        """Write the report to ``$FXFLOPS_OUT`` (and the dumps of sizes new since the last
-        flush), and with ``FXFLOPS_PROMETHEUS`` the counters' files (``fxflops.metrics``).
-        CUDA-event samples still in flight are waited for first (on this thread: the host's
-        never waits); ``final`` (at exit): CUDA-graph replays too. Never raises: a full
-        disk or a bad folder is warned about once."""
-        path = self.default_path()
-        metrics_dir = _metrics_dir()
-        if not (path or metrics_dir) or not self.graphs:
-            return
-        collect_samples(wait=True, final=final)
-        with self._flush_lock:
-            for where, write in ((path, self._write_report), (metrics_dir, self._write_metrics)):
-                if not where:
-                    continue
-                try:
-                    write(where)
-                except Exception as e:  # never let reporting break the process
-                    warn_once(f"flush:{where}:{type(e).__name__}", "fxflops: could not write "
-                              "%s (%s: %s); will try again at the next flush", where,
-                              type(e).__name__, e)
-
-    def _write_report(self, path: str) -> None:
-        from fxflops.dump import dump_sizes
-
-        for g in self.graphs:
-            dump_sizes(g)
-        self.save(path)
-
-    def _write_metrics(self, directory: str) -> None:
-        from fxflops.metrics import write_files
-
-        write_files(self, directory)
-
-    def register_prometheus(self, registry: Any = None) -> Any:
-        """Serve this recorder's counters from a ``prometheus_client`` registry (default:
-        its global one), read from the rows at each scrape. Returns the collector."""
-        from fxflops.metrics import RecorderCollector
-
-        if registry is None:
-            from prometheus_client import REGISTRY as registry
-        collector = RecorderCollector(self)
-        registry.register(collector)
-        return collector
-
-    def log_line(self) -> str:
-        parts = []
-        for row in self.stats():
-            parts.append(f"({row['graph']}, {row['size']}, {row['calls']}, "
-                         f"{row['median_ms']:.3f}, {row['gflops']:.2f}, "
-                         f"{(row['tflops'] or 0) * 1e3:.1f})")
-        return ("fxflops stats (graph, size, calls, median_ms, GFLOPs, GFLOP/s): ["
-                + ", ".join(parts) + "]")
-
-    def _start_background(self) -> None:
-        if not self._exit_hooked and (config.OUT.get() or _metrics_dir()):
-            self._exit_hooked = True
-            atexit.register(_flush_current)
-            _write_on_signals()
-        flush_s = config.FLUSH_S.get()
-        log_s = config.LOG_INTERVAL.get()
-        if self._thread is not None or not (flush_s > 0 or log_s > 0):
-            return
-        self._thread = threading.Thread(target=self._background, args=(flush_s, log_s),
-                                        name="fxflops-flush", daemon=True)
-        self._thread.start()
-
-    def _background(self, flush_s: float, log_s: float) -> None:
-        """Flush every ``flush_s`` and log every ``log_s`` seconds, at most ``DUTY`` of the
-        time: a flush that took t seconds waits at least t / DUTY before the next, so a
-        report of thousands of sizes is written less often instead of slowing the host."""
-        period = min(x for x in (flush_s, log_s) if x > 0)
-        last_log = time.monotonic()
-        if self._last_flush is None:
-            self._last_flush, self._flush_gap = last_log, flush_s
-        while not self._stopped.wait(period):
-            now = time.monotonic()
-            if flush_s > 0 and now - self._last_flush >= self._flush_gap:
-                started = time.thread_time()
-                self.flush()
-                # the flush's own CPU time (not the wall time it spent waiting for the GIL)
-                took = time.thread_time() - started
-                self._last_flush = time.monotonic()
-                self._flush_gap = max(flush_s, took / _DUTY)
-            if log_s > 0 and now - last_log >= log_s:
-                try:
-                    log.info(self.log_line())
-                except Exception as e:
-                    warn_once("log-line", "fxflops: no periodic log line (%s: %s)",
-                              type(e).__name__, e)
-                last_log = now
-
-    def stop(self) -> None:
-        """End the background thread (the report is not written again by it)."""
-        self._stopped.set()
+    def after_fork(self) -> None:
+        """(In a forked child.) Start from empty counts and new locks: the parent's calls
+        are the parent's report's."""
+        self._lock = threading.Lock()
+        for g in self.graphs_snapshot():
+            g.after_fork()
+        self.forwards.clear()
+        for entry in list(self.uninstrumented):
+            entry.calls = 0
+        self.started = time.time()
 
 
-# the share of the time the background thread may spend writing reports
-_DUTY = 0.01
-
-
-def _flush_current() -> None:
-    if _RECORDER is not None:
-        _RECORDER.flush(final=True)
-
-
-def collect_samples(wait: bool = False, final: bool = False) -> None:
-    """Read the CUDA-event samples that have arrived (``wait``: wait for the eager calls'
-    still in flight; ``final``: for CUDA-graph replays too). Nothing to do, and nothing
-    imported, where no CUDA timer was ever made."""
-    timing = sys.modules.get("fxflops.timing")
-    if timing is None:
-        return
-    try:
-        if final:
-            timing.finish_all()
-        else:
-            timing.harvest_all(wait=wait)
-    except Exception as e:  # a device error must not stop the report
-        warn_once("harvest", "fxflops: could not read CUDA-event samples (%s: %s)",
-                  type(e).__name__, e)
-
-
-_SIGNALS_HOOKED = False
-
-
-def _write_on_signals() -> None:
-    """SIGTERM and SIGINT write the report, then do what they did before: the host's or
-    vLLM's handler is called, a default one runs as the default would (the process ends)."""
-    global _SIGNALS_HOOKED
-    if _SIGNALS_HOOKED or threading.current_thread() is not threading.main_thread():
-        return
-    _SIGNALS_HOOKED = True
-    import signal
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN or previous is None:
-                continue  # ignored (or set outside Python): leave it so
-            signal.signal(signum, _chained(signum, previous))
-        except (ValueError, OSError) as e:
-            warn_once(f"signal:{signum}", "fxflops: no report on signal %s (%s)", signum, e)
-
-
-def _chained(signum: int, previous: Any) -> Callable[[int, Any], Any]:
-    import signal
-
-    def handler(sig: int, frame: Any) -> Any:
-        _flush_current()
-        if callable(previous):
-            return previous(sig, frame)
-        # SIG_DFL: restore it and raise the signal again, so the process ends as it would
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return None
-
-    return handler
-
-
+# what ``recorder()`` makes: ``fxflops.session`` sets its Session, a Recorder with outputs
+FACTORY: Callable[[], Recorder] = Recorder
 _RECORDER: Recorder | None = None
+_MAKING = threading.Lock()
 
 
 def recorder() -> Recorder:
     """The process-wide recorder."""
     global _RECORDER
     if _RECORDER is None:
-        _RECORDER = Recorder()
+        with _MAKING:
+            if _RECORDER is None:
+                _RECORDER = FACTORY()
     return _RECORDER
 
 
-def reset_recorder() -> Recorder:
-    """Start over as a fresh process would: a new, empty recorder (graphs compiled before
-    keep recording into their old records, which no report shows), warnings shown again."""
+def current() -> Recorder | None:
+    """The recorder if one was made (a signal or exit hook must not make one)."""
+    return _RECORDER
+
+
+def replace_recorder() -> Recorder | None:
+    """Drop the current recorder (``session.reset_recorder``); returns it."""
     global _RECORDER
-    if _RECORDER is not None:
-        _RECORDER.stop()
-    _RECORDER = None
+    old, _RECORDER = _RECORDER, None
     forget_warnings()
-    return recorder()
+    return old

@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,24 +64,43 @@ def report_filename(info: dict[str, Any]) -> str:
     return f"fxflops-{socket.gethostname()}-{os.getpid()}{suffix}.json"
 
 
+STARTED = ".started"
+
+
+def started_filename() -> str:
+    """This process's started-file (see ``session``): a report that never came is named."""
+    return f"fxflops-{socket.gethostname()}-{os.getpid()}{STARTED}"
+
+
 def _rollups(rollups: dict[str, Rollup], limit: int = 50) -> list[dict[str, Any]]:
     return [{"name": k, "flops": _count(r.flops), "matmul_flops": _count(r.matmul_flops),
              "bytes": _count(r.bytes), "nodes": r.count}
             for k, r in list(rollups.items())[:limit]]
 
 
-def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
-    """A row's figures; recomputed only when the row changed since they were last made (a
-    flush of thousands of sizes redoes only those that ran since the last one)."""
-    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, row.cost,
+# this module's caches, beside the store's objects (which know nothing of reports)
+_FIGURES: weakref.WeakKeyDictionary[SizeStats, tuple[Any, dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
+_SUMMARIES: weakref.WeakKeyDictionary[GraphRecord, dict[str, Any]] = weakref.WeakKeyDictionary()
+_FLOPS_AT: weakref.WeakKeyDictionary[Recorder, tuple[int, dict[int, int | None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
+                ) -> dict[str, Any]:
+    """A row's figures (a whole forward's row: with its ``cost``, see ``forward_costs``);
+    recomputed only when the row changed since they were last made (a flush of thousands
+    of sizes redoes only those that ran since the last one)."""
+    cost = cost or row.cost
+    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, cost,
              peak.get("tflops"), peak.get("gbps"))
-    if row.figures is not None and row.figures[0] == stamp:
-        return row.figures[1]
+    cached = _FIGURES.get(row)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     pct = row.percentiles()
     calls = row.runtime_calls
     runtime_flops = row.runtime_flops / calls if calls else 0
     runtime_bytes = row.runtime_bytes / calls if calls else 0
-    cost = row.cost
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
     bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
@@ -99,10 +119,10 @@ def row_figures(row: SizeStats, peak: dict[str, Any]) -> dict[str, Any]:
         # of matmul_flops, what layers' sizes gave (ops no formula counted right)
         "estimated_flops": cost.estimated_flops if cost else 0,
     }
-    fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals()
+    fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals(cost)
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
                           peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
-    row.figures = (stamp, fig)
+    _FIGURES[row] = (stamp, fig)
     return fig
 
 
@@ -123,17 +143,21 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
             for r in sorted_rows(g.all_rows())]
 
 
-def forward_costs(rec: Recorder) -> None:
-    """A whole forward costs what its graphs cost at its size (attention, which runs
-    outside piecewise graphs, is added per call from the forward's own run-time count)."""
+def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
+    """What a whole forward costs at each size: what its graphs cost at that size
+    (attention, which runs outside piecewise graphs, is added per call from the forward's
+    own run-time count)."""
     by_size: dict[Any, list[CostAt]] = {}
-    for g in rec.graphs:
-        for r in g.rows.values():
+    for g in rec.graphs_snapshot():
+        for r in g.all_rows():
             if r.cost is not None:
                 by_size.setdefault(r.size, []).append(r.cost)
-    for row in rec.forwards.values():
-        costs = by_size.get(row.size, [])
-        row.cost = CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
+    return {size: CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
+            for size, costs in by_size.items()}
+
+
+def forward_cost(costs: dict[Any, CostAt], row: SizeStats) -> CostAt:
+    return costs.get(row.size) or CostAt(*([0] * len(CostAt._fields)))
 
 
 def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> dict[str, Any]:
@@ -168,11 +192,12 @@ def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> di
 def _general_flops(rec: Recorder) -> Callable[[int], int | None]:
     """FLOPs of one forward at ``n`` tokens by the general graphs (those with size symbols,
     every symbol bound to ``n``: vLLM's token count); None without such graphs."""
-    general = [g.cost for g in rec.graphs if g.cost.symbols]
-    graphs, cache = rec.flops_at_cache  # kept across flushes while no graph is added
-    if graphs != len(rec.graphs):
+    records = rec.graphs_snapshot()
+    general = [g.cost for g in records if g.cost.symbols]
+    graphs, cache = _FLOPS_AT.get(rec, (0, {}))  # kept across flushes while no graph is added
+    if graphs != len(records):
         cache = {}
-        rec.flops_at_cache = (len(rec.graphs), cache)
+        _FLOPS_AT[rec] = (len(records), cache)
 
     def flops_at(n: int) -> int | None:
         if n not in cache:
@@ -184,9 +209,10 @@ def _general_flops(rec: Recorder) -> Callable[[int], int | None]:
 
 def graph_summary(g: GraphRecord) -> dict[str, Any]:
     """What a report says of a graph apart from its rows (it never changes: made once)."""
-    if g.summary is None:
+    summary = _SUMMARIES.get(g)
+    if summary is None:
         c = g.cost
-        g.summary = {
+        summary = _SUMMARIES[g] = {
             "id": g.id, "name": g.name, "fingerprint": c.fingerprint(), "nodes": c.num_nodes,
             "meta": g.meta, "symbols": [str(s) for s in c.symbols],
             "flops": _count(c.flops), "matmul_flops": _count(c.matmul_flops),
@@ -200,25 +226,29 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
                 {"layer": e.layer, "type": e.type_name, "kind": e.kind, "ops": list(e.ops),
                  "flops": _count(e.flops)} for e in c.estimated]},
         }
-    return g.summary
+    return summary
 
 
 def build_report(rec: Recorder) -> dict[str, Any]:
     peak = rec.peak()
+    records = rec.graphs_snapshot()
     graphs = [{**graph_summary(g), "dropped_sizes": g.dropped_sizes,
                "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())]}
-              for g in rec.graphs]
-    forward_costs(rec)
+              for g in records]
+    costs = forward_costs(rec)
     flops_at = _general_flops(rec)
-    forward = [{**row_figures(r, peak), **padding_figures(r, flops_at)}
-               for r in sorted_rows(rec.forwards.values())]
+    forward = [{**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
+               for r in sorted_rows(rec.forwards_snapshot())]
     import hashlib
 
     model = hashlib.sha1(",".join(sorted(g["fingerprint"] for g in graphs)).encode())
     run = {"id": rec.run_id, "started": rec.started, "fingerprint": model.hexdigest()[:12]}
     data = {"schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
-            "graphs": graphs, "forward": forward}
-    if any(g.meta.get("phase") == "backward" for g in rec.graphs):
+            "graphs": graphs, "forward": forward,
+            # graphs that run as compiled, uncounted: why, and their calls
+            "uninstrumented": [{"name": u.name, "reason": u.reason, "calls": u.calls}
+                               for u in list(rec.uninstrumented)]}
+    if any(g.meta.get("phase") == "backward" for g in records):
         from fxflops.steps import training_steps
 
         data["steps"] = training_steps(flat_rows([data]), peak)
@@ -287,6 +317,8 @@ _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
     "bytes_nodes": (int, str), "runtime_ops": (list,), "by_op": (list,), "by_module": (list,),
     "layers": (dict,)}
 _LAYERS_OPTIONAL: dict[str, tuple[type, ...]] = {"checked": (int,), "estimated": (list,)}
+_UNINSTRUMENTED_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "reason": (str,), "calls": (int,)}
 _ESTIMATED_FIELDS: dict[str, tuple[type, ...]] = {
     "layer": (str,), "ops": (list,), "flops": (int, str)}
 # the meta fields the CLI reads (steps group by frame, tune by compile size)
@@ -409,7 +441,9 @@ def validate(data: Any, where: str) -> None:
     if data["schema"] != SCHEMA:
         raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
-           {"run": (dict,), "peak": (dict,), "steps": (list,)})
+           {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,)})
+    for i, u in enumerate(data.get("uninstrumented") or []):
+        _check(u, f"{where}: uninstrumented[{i}]", _UNINSTRUMENTED_FIELDS, {})
     _check(data["process"], f"{where}: process", {}, _PROCESS_OPTIONAL)
     for part, fields in (("run", _RUN_OPTIONAL), ("peak", _PEAK_OPTIONAL)):
         if part in data:
@@ -494,8 +528,9 @@ def load_reports(paths: Iterable[str | os.PathLike[str]],
 
     A folder is read file by file: with ``skipped`` given, a bad file in it is listed there
     (one line each) and the good ones are still returned; without, the first bad one
-    raises. Exports fxflops wrote there (``report --json``) are not reports and are passed
-    over. A file named on its own must be a good report.
+    raises. So is a process that started recording there (its started-file) and wrote no
+    report (killed before its first flush). Exports fxflops wrote there (``report --json``)
+    are not reports and are passed over. A file named on its own must be a good report.
     """
     reports = []
     for path in paths:
@@ -520,9 +555,27 @@ def load_reports(paths: Iterable[str | os.PathLike[str]],
                 skipped.append(str(e))
         if not found:
             raise ReportError(f"{p}: no report files (*.json) in this folder")
+        if skipped is not None:
+            skipped += _missing_reports(p, reports)
     if not reports:
         raise ReportError("no readable report among " + ", ".join(map(str, paths)))
     return _latest_per_process(reports)
+
+
+def _missing_reports(folder: Path, reports: list[dict[str, Any]]) -> list[str]:
+    """A line per process that started recording into ``folder`` and wrote no report."""
+    written = {(r["process"].get("host"), r["process"].get("pid")) for r in reports}
+    lines = []
+    for f in sorted(folder.glob(f"*{STARTED}")):
+        try:
+            info = json.loads(f.read_text())
+            key = (info.get("host"), info.get("pid"))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if key not in written:
+            lines.append(f"{f}: process {key[1]} on {key[0]} started recording here and wrote "
+                         "no report (killed before its first flush?)")
+    return lines
 
 
 def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ class SizeStats:
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
-                 "runtime_groups", "figures", "scheduled", "captured")
+                 "runtime_groups", "scheduled", "captured", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -49,8 +49,6 @@ class SizeStats:
         # at this size; grouped by sliding window at the first call (recording.charge_runtime)
         self.runtime_terms: list[tuple[str, str | None, int, int]] = []
         self.runtime_groups: list[tuple[Any, int | None, int, int]] | None = None
-        # (what they were made from, the report's figures): see report.row_figures
-        self.figures: tuple[Any, dict[str, Any]] | None = None
         # whole forwards only: the tokens scheduled, per count of them, before the runner
         # padded them to this row's size (vLLM under CUDA graphs); see note_scheduled
         self.scheduled: dict[int, int] | None = None
@@ -106,11 +104,12 @@ class SizeStats:
         scheduled = self.scheduled or {}
         return sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
 
-    def totals(self) -> tuple[int, int, int, int]:
+    def totals(self, cost: CostAt | None = None) -> tuple[int, int, int, int]:
         """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost
-        per call times the calls, plus the run-time counts summed as they ran (exact ints;
-        the Prometheus counters and the report's ``total_*`` figures)."""
-        cost, n = self.cost, self.count
+        per call (``cost``: a whole forward's, which its graphs give) times the calls, plus
+        the run-time counts summed as they ran (exact ints; the Prometheus counters and the
+        report's ``total_*`` figures)."""
+        cost, n = cost or self.cost, self.count
         flops = (cost.flops * n if cost else 0) + self.runtime_flops
         matmul = (cost.matmul_flops * n if cost else 0) + self.runtime_flops
         bytes_ = (cost.bytes_io * n if cost else 0) + self.runtime_bytes

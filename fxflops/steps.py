@@ -13,7 +13,8 @@ Per process and size, a step is:
 - every frame of graphs that are neither (an optimizer's compiled ``step``, a compiled
   ``zero_grad``) whose calls, over all its graphs and sizes, equal the process's steps: it
   ran once a step; its calls-weighted median and FLOPs. A frame that ran a different
-  number of times (an evaluation forward) is not in the step.
+  number of times (an evaluation forward) is not in the step, nor is the model's own frame
+  compiled again under ``no_grad`` (evaluation between steps, however often it runs).
 
 The process's steps are the calls of its most-called frame's backward graphs. MFU counts
 model FLOPs (recomputation left out), HFU every FLOP that ran; see docs/conventions.md.
@@ -66,11 +67,15 @@ def _frame(r: dict[str, Any]) -> Any:
 
 
 def _once_a_step(rows: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
-    """Rows of the frames (of graphs not forward or backward) whose calls equal ``steps``."""
+    """Rows of the frames (of graphs not forward or backward) whose calls equal ``steps``.
+    A frame that has training graphs is the model's: its other graphs (compiled under
+    ``no_grad``, ``phase`` "inference" or none) are evaluation between steps, not in them."""
+    training = {_frame(r) for r in rows if r.get("phase") in _TRAINING}
     by_frame: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r.get("phase") not in _TRAINING:
-            by_frame[_frame(r)].append(r)
+        frame = _frame(r)
+        if r.get("phase") not in (*_TRAINING, "inference") and frame not in training:
+            by_frame[frame].append(r)
     return [r for frame_rows in by_frame.values()
             if sum(r["calls"] for r in frame_rows) == steps for r in frame_rows]
 

@@ -10,7 +10,6 @@ import torch
 
 import fxflops
 from fxflops.report import ReportError, load_report, merge_rows, validate
-from fxflops.stats import throughput
 
 
 def _row(rank, flops, matmul, bytes_io, median_ms, calls):
@@ -36,14 +35,10 @@ def test_two_ranks_merge_every_figure():
     assert m["gbps"] == pytest.approx(4e9 / 5e-3 / 1e9)
     assert m["mfu"] == pytest.approx(10e9 / 5e-3 / (2 * 100e12))
     assert m["intensity"] == pytest.approx(3.0)
-    compute_s, memory_s = 12e9 / 200e12, 4e9 / 2000e9
-    assert m["bound"] == "memory" and memory_s > compute_s
-    assert m["roofline_ms"] == pytest.approx(memory_s * 1e3)
-    assert m["roofline_share"] == pytest.approx(memory_s / 5e-3)
-    # and the same function a single row uses, with the devices' peak added up
-    assert {k: m[k] for k in ("tflops", "gbps", "mfu", "hfu", "intensity", "bound",
-                              "roofline_ms", "roofline_share")} == throughput(12e9, 10e9, 4e9, 5e-3, 200.0,
-                                                               2000.0)
+    # by hand: 12 GFLOP at 200 TFLOP/s take 0.06 ms, 4 GB at 2000 GB/s take 2 ms
+    assert m["bound"] == "memory"
+    assert m["roofline_ms"] == pytest.approx(2.0)
+    assert m["roofline_share"] == pytest.approx(2.0 / 5.0)
 
 
 def test_two_processes_of_one_rank_add_calls_not_work():
@@ -58,7 +53,7 @@ def test_what_fxflops_writes_passes_the_checks_at_load(tmp_path):
     """A training step (forward and backward graphs: phase, source, frame) and a vLLM-style
     whole forward (padding, scheduled tokens, captured replays), saved and loaded back."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    compiled = torch.compile(model, backend=fxflops.backend(inner="eager"), dynamic=True)
+    compiled = torch.compile(model, backend=fxflops.backend(inner="aot_eager"), dynamic=True)
     for batch in (2, 3, 2):
         compiled(torch.randn(batch, 8)).sum().backward()
     rec = fxflops.recorder()

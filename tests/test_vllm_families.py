@@ -52,7 +52,7 @@ def start_family(out: Path, arch: str, path: str) -> subprocess.Popen:
            "--tokens", str(TOKENS), "--phases", str(SHORT), f"{LONG},{LONG}",
            "--cache", str(out / "cache"), "--backend", "eager"]
     pythonpath = os.pathsep.join(p for p in (str(PLUGIN), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_TEST_GEMM_PATH": path,
+    env = {**os.environ, "FXFLOPS": "1", "TEST_CPU_GEMM_PATH": path,
            "PYTHONPATH": pythonpath}
     return procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
 

@@ -145,6 +145,11 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                 console.print("[yellow]" + escape(
                     f"{g['name']}: {g['dropped_sizes']} sizes past FXFLOPS_MAX_SIZES: their "
                     "calls are in its 'overflow' row"))
+    for rep in reports:
+        for u in rep.get("uninstrumented") or []:
+            console.print("[yellow]" + escape(
+                f"{u['name']}: NOT INSTRUMENTED ({u['reason']}); {u['calls']} calls ran "
+                "uncounted"))
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")

