@@ -12,6 +12,7 @@ compiled, and the report names the graph, says why, and counts its calls.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib
 import logging
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
+from fxflops import distributed
 from fxflops.analysis import analysis_version, analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
@@ -31,10 +33,17 @@ from fxflops.session import host_raised, recorder
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
+    from fxflops.stats import SizeStats
     from fxflops.timing import CudaEventTimer
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
+
+# a torch.distributed job: FSDP2's collectives counted from the first compile's lookup of
+# this backend (before the first step's), and a DDP-wrapped model that compiled nothing
+# said at exit (fxflops.distributed)
+distributed.install_fsdp_counting()
+atexit.register(distributed.check_ddp_compiled)
 # set on an exception a host's signal handler raised (``session``): never fxflops' to catch
 _HOST = "_fxflops_host_raised"
 
@@ -248,6 +257,7 @@ class InstrumentedGraph(_Serializable):
     """
 
     boxed = False
+    _rows: dict[Any, SizeStats]
 
     def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
                  timer: CudaEventTimer | None = None, boxed: bool = False,
@@ -258,7 +268,7 @@ class InstrumentedGraph(_Serializable):
         self.plan = graph_plan
         self.__name__ = self.__qualname__ = f"fxflops_{record.name}"
         self._timer = timer
-        self._rows = record.rows
+        record.read_by(self)  # sets self._rows: the rows its calls go to (of this phase)
         self._key = record.binder.key
         # run-time costs (vLLM attention): their costers exist from now on, wired by an
         # integration whenever it loads
@@ -266,13 +276,16 @@ class InstrumentedGraph(_Serializable):
             coster(kind)
         self._runtime = bool(record.runtime_kinds)
         special = self._runtime or timer is not None
+        # a backward graph notes the backward pass it runs in (steps are counted so)
+        self._passes = record.passes if record.meta.get("phase") == "backward" else None
         # the same object, with the __call__ it needs (one that does more than read the
         # CPU clock for a special one)
         if boxed:
             # an instance attribute too: torch._dynamo.disable wraps a backward graph in a
             # function that copies the instance's __dict__, and AOTAutograd reads it there
             self._boxed_call = True
-            self.__class__ = _BoxedSpecialGraph if special else _BoxedGraph
+            self.__class__ = _BoxedSpecialGraph if special else (
+                _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
         elif special:
             self.__class__ = _SpecialGraph
 
@@ -305,6 +318,8 @@ class InstrumentedGraph(_Serializable):
             row = self._rows.get(key) or self.record.new_row(key)
             if self._runtime and row.runtime_terms:
                 charge_runtime(row)
+            if self._passes is not None:
+                self._passes.note(row.size)
         except Exception as e:
             if host_raised(e):
                 raise
@@ -379,6 +394,24 @@ class _BoxedGraph(InstrumentedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
         try:
             row = self._rows[self._key(args)]
+        except Exception as e:
+            if getattr(e, _HOST, False):
+                raise
+            return self._call_special(args)
+        t0 = _now()
+        out = self._run(args)
+        row.add(_now() - t0)
+        return out
+
+
+class _BoxedBackwardGraph(_BoxedGraph):
+    """A backward graph: also notes the backward pass it runs in (one autograd graph task
+    per ``loss.backward()``; ``recording.BackwardPasses``)."""
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        try:
+            row = self._rows[self._key(args)]
+            self._passes.note(row.size)  # type: ignore[union-attr]
         except Exception as e:
             if getattr(e, _HOST, False):
                 raise
@@ -493,6 +526,7 @@ class FxflopsBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
+        distributed.install_fsdp_counting()  # FSDP2 loaded since: its collectives counted
         kwargs = {**self.options, **kwargs}
         # torch.compile's mode= and options= (passed to a custom backend as keywords):
         # Inductor takes them as its config, as it does for backend="inductor"
@@ -514,7 +548,7 @@ class FxflopsBackend:
                 return compile_fx(gm, example_inputs, config_patches=patches or None, **kwargs)
             return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
 
-        return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(), gm=gm,
+        return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(gm), gm=gm,
                           dynamo=True)
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -525,16 +559,27 @@ class FxflopsBackend:
         # not in a try: what the compile raises is the inner backend's (Dynamo's restarts
         # among it, which must reach Dynamo); fxflops' own failures are caught inside
         return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
-                              self._meta(), kwargs, patches)
+                              self._meta(gm), kwargs, patches)
 
-    def _meta(self) -> dict[str, Any]:
+    def _meta(self, gm: torch.fx.GraphModule) -> dict[str, Any]:
         """The inner backend, and the Python frame Dynamo compiled: graphs of one frame
-        are its recompiles (another size, a failed guard), which a step runs one of."""
+        are its recompiles (another size, a failed guard), which a step runs one of. A
+        graph that DDP's optimizer split at its gradient buckets is compiled piece by
+        piece, and every piece runs: each has its ``piece`` number."""
         meta: dict[str, Any] = {"inner": _inner_name(self.inner)}
         compile_id = torch._guards.CompileContext.current_compile_id()
         if compile_id is not None and getattr(compile_id, "frame_id", None) is not None:
             meta["frame"] = compile_id.frame_id
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if "DDPOptimizer" in str(getattr(reason, "reason", "")):
+            key = str(compile_id)
+            meta["piece"] = _DDP_PIECES[key] = _DDP_PIECES.get(key, -1) + 1
+            meta["split"] = "ddp"
         return meta
+
+
+# pieces of each Dynamo compile that DDP's optimizer split, numbered in compile order
+_DDP_PIECES: dict[str, int] = {}
 
 
 def _inner_name(inner: Any) -> str:

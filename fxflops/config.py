@@ -74,6 +74,15 @@ def _peak(raw: str) -> float | None:
     return value
 
 
+def _port(raw: str) -> int | None:
+    if not raw.strip():
+        return None
+    value = int(raw.strip())
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number, 1 to 65535")
+    return value
+
+
 def _rank(raw: str) -> int | None:
     value = int(raw.strip())
     if value < 0:
@@ -115,13 +124,17 @@ PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
 PROMETHEUS_DIR = Variable("FXFLOPS_PROMETHEUS_DIR", _text, None,
                           "where the counters' files go when `PROMETHEUS_MULTIPROC_DIR` is unset "
                           "(vLLM: made by the API server, inherited by its workers)")
+PROMETHEUS_PORT = Variable("FXFLOPS_PROMETHEUS_PORT", _port, None,
+                           "serve this node's counters on this port (`/metrics`, one exporter "
+                           "per node, for nodes without vLLM's API server; see "
+                           "[many-devices.md](many-devices.md))")
 PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
                             "sizes per graph with a `size` label of their own; later ones are "
                             "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
                                    WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, PROMETHEUS,
-                                   PROMETHEUS_DIR, PROMETHEUS_SIZES)
+                                   PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
 
 
 def warn_unknown_variables() -> None:
@@ -140,14 +153,18 @@ def warn_unknown_variables() -> None:
 
 
 def run_id() -> str:
-    """This run's id: ``FXFLOPS_RUN_ID``, or a new one, then exported so that the processes
+    """This run's id: ``FXFLOPS_RUN_ID``, or a torch.distributed job's (every rank's the
+    same: ``placement.shared_run_id``), or a new one; then exported so that the processes
     this one starts (vLLM's engine and workers) report under the same run."""
     current = RUN_ID.get()
     if current is None:
         import socket
         import time
 
+        from fxflops.placement import shared_run_id
+
         current = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        current = shared_run_id(current) or current
         os.environ[RUN_ID.name] = current
     return current
 

@@ -6,12 +6,16 @@ Two ways out, one set of samples (:func:`samples`):
   ``PROMETHEUS_MULTIPROC_DIR`` when it is set (vLLM sets it for several API servers; its
   ``/metrics`` then collects every process's files), else into ``FXFLOPS_PROMETHEUS_DIR``,
   which the vLLM plugin makes in the API server, collects there, and hands down to the
-  engine and worker processes (``fxflops.integrations.vllm.plugin``);
+  engine and worker processes (``fxflops.integrations.vllm.plugin``), else with
+  ``FXFLOPS_PROMETHEUS_PORT`` into the node's folder for that port, which one process of
+  the node serves on that port (:func:`serve_node`: nodes without vLLM's API server, a
+  multi-node training job);
 - **a collector**, read at scrape time: ``fxflops.recorder().register_prometheus(registry)``
   for any process that serves its own registry.
 
 Names follow Prometheus' conventions: counters end in ``_total``, units are base units
-(FLOPs, bytes, seconds). Labels: ``graph``, ``size`` and ``rank``. The label sets stay
+(FLOPs, bytes, seconds). Labels: ``graph``, ``size``, ``rank`` (the global rank), and
+where the process has them ``dp``, ``pp``, ``tp`` and ``node``. The label sets stay
 bounded: per graph, the first ``FXFLOPS_PROMETHEUS_SIZES`` sizes seen keep a ``size`` label
 of their own (so a size's counter never changes label); calls at any other size, and the
 graph's overflow row, add up under ``size="other"``.
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
+from fxflops.util import warn_once
 
 if TYPE_CHECKING:
     from fxflops.recording import Recorder
@@ -61,17 +66,20 @@ class Sample(NamedTuple):
 
 def samples(rec: Recorder) -> list[Sample]:
     """Every counter and gauge of this process, from its rows as they are now."""
-    from fxflops.report import forward_cost, forward_costs, process_rank
+    from fxflops.placement import placement
+    from fxflops.report import forward_cost, forward_costs
 
-    rank = rec.info.get("rank", process_rank())
-    rank_label = str(rank) if rank is not None else "0"
+    # the process's place: its global rank, and its data, pipeline and tensor-parallel
+    # ranks and node where it has them (many processes' series stay apart)
+    ranks = placement(rec.info)
+    where: tuple[tuple[str, str], ...] = (("rank", str(ranks.get("rank", 0))),) + tuple(
+        (k, str(ranks[k])) for k in ("dp", "pp", "tp", "node") if k in ranks)
     limit = config.PROMETHEUS_SIZES.get()
     out: list[Sample] = []
     for g in rec.graphs_snapshot():
         estimated = g.cost.estimated
         for size, rows in _bounded(list(g.rows.values()), g.overflow, limit):
-            labels: tuple[tuple[str, str], ...] = (("graph", g.name), ("size", size),
-                                                   ("rank", rank_label))
+            labels: tuple[tuple[str, str], ...] = (("graph", g.name), ("size", size), *where)
             out += _row_samples("fxflops_graph", "compiled graph", labels, rows)
             if estimated:
                 value = sum((r.cost.estimated_flops if r.cost else 0) * r.count for r in rows)
@@ -87,10 +95,10 @@ def samples(rec: Recorder) -> list[Sample]:
             out.append(Sample("gauge", "fxflops_graph_estimated_layers",
                               "fxflops: layers counted from their sizes because no formula "
                               "counts this op (the report names them)",
-                              (("graph", g.name), ("op", op), ("rank", rank_label)), count))
+                              (("graph", g.name), ("op", op), *where), count))
     costs = forward_costs(rec)
     for size, rows in _bounded(rec.forwards_snapshot(), None, limit):
-        labels = (("size", size), ("rank", rank_label))
+        labels = (("size", size), *where)
         out += _row_samples("fxflops_forward", "whole forward (vLLM)", labels, rows,
                             [forward_cost(costs, r) for r in rows])
         per_row = [(int(r.key[0]) if r.key else 0, *r.scheduled_tokens()) for r in rows]
@@ -102,12 +110,12 @@ def samples(rec: Recorder) -> list[Sample]:
     for entry in list(rec.uninstrumented):
         out.append(Sample("counter", "fxflops_uninstrumented_calls",
                           "fxflops: calls of a graph fxflops could not instrument (the report "
-                          "says why)", (("graph", entry.name), ("rank", rank_label)),
+                          "says why)", (("graph", entry.name), *where),
                           entry.calls))
     peak = rec.peak()
     for name, text, field, unit in _GAUGES:
         if peak.get(field):
-            out.append(Sample("gauge", name, f"fxflops: {text}", (("rank", rank_label),),
+            out.append(Sample("gauge", name, f"fxflops: {text}", where,
                               float(peak[field]) * unit))
     return out
 
@@ -143,9 +151,120 @@ def _row_samples(prefix: str, what: str, labels: tuple[tuple[str, str], ...],
 
 
 def files_dir() -> str | None:
-    """Where this process writes its counters' files: ``PROMETHEUS_MULTIPROC_DIR`` (which
-    vLLM's ``/metrics`` collects), else ``FXFLOPS_PROMETHEUS_DIR``; None: neither is set."""
+    """Where this process writes its counters' files. With ``FXFLOPS_PROMETHEUS_PORT``: the
+    folder the node's exporter serves (``FXFLOPS_PROMETHEUS_DIR``, else the node's folder
+    for that port, which every process of the node finds without being told); the
+    counters are then on that port, not in vLLM's ``/metrics``. Without: vLLM's
+    ``PROMETHEUS_MULTIPROC_DIR`` (its ``/metrics`` collects it), else
+    ``FXFLOPS_PROMETHEUS_DIR``; None: none of them is set."""
+    port = config.PROMETHEUS_PORT.get()
+    if port is not None:
+        return config.PROMETHEUS_DIR.get() or node_dir(port)
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or config.PROMETHEUS_DIR.get()
+
+
+def node_dir(port: int) -> str:
+    """The folder the processes of this node write to for the exporter on ``port``."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"fxflops-prometheus-{port}")
+
+
+# --- one exporter per node: FXFLOPS_PROMETHEUS_PORT ------------------------------------
+
+# this process's exporter, by port (at most one: the node's); set where it bound the port
+_serving: dict[int, Any] = {}
+_FILE_PREFIXES = ("counter_fxflops-", "gauge_max_fxflops-")
+
+
+class NodeCollector:
+    """fxflops' counters files in a folder, merged as prometheus_client's multi-process
+    collector merges them (vLLM's own files there are vLLM's ``/metrics``' business)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        return iter(MultiProcessCollector.merge(_fxflops_files(self.directory), accumulate=True))
+
+
+def _fxflops_files(directory: str) -> list[str]:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in sorted(names)
+            if n.startswith(_FILE_PREFIXES) and n.endswith(".db")]
+
+
+def serve_node(directory: str | None = None) -> bool:
+    """With ``FXFLOPS_PROMETHEUS_PORT``: serve the counters every fxflops process of this
+    node writes (``files_dir()``) on that port, from this process if no other does yet.
+
+    The first process to bind the port serves the node; the others only write their files
+    and try again at their next flush (so that another takes over if it ends). Files of
+    processes no longer running when the exporter starts are an earlier run's: removed.
+    Returns whether this process serves the node's counters."""
+    port = config.PROMETHEUS_PORT.get()
+    if port is None:
+        return False
+    if port in _serving:
+        return True
+    directory = directory or files_dir() or node_dir(port)
+    import errno
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    os.makedirs(directory, exist_ok=True)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(directory))
+    try:
+        server, _ = start_http_server(port, registry=registry)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:  # in use: another process of this node serves it
+            warn_once(f"node-exporter:{port}", "fxflops: cannot serve the counters on port "
+                      "%s (%s); they are still written to %s", port, e, directory)
+        return False
+    _serving[port] = server
+    _forget_dead(directory)
+    return True
+
+
+def _forget_dead(directory: str) -> None:
+    for path in _fxflops_files(directory):
+        pid = os.path.basename(path).rsplit("-", 1)[-1].removesuffix(".db")
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def _forget_server_in_child() -> None:
+    """(In a forked child.) The parent serves the port; the child must not hold its
+    listening socket open past the parent's end (scrapes would hang on it)."""
+    for server in _serving.values():
+        try:
+            server.socket.close()
+        except OSError:
+            pass
+    _serving.clear()
+    _open.clear()
+
+
+os.register_at_fork(after_in_child=_forget_server_in_child)
 
 
 _open: dict[tuple[str, int, str], Any] = {}  # (folder, pid, kind) -> MmapedDict
@@ -157,6 +276,7 @@ def write_files(rec: Recorder, directory: str) -> int:
     from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
     pid = os.getpid()
+    os.makedirs(directory, exist_ok=True)  # a node's folder: whichever process comes first
     written = 0
     for s in samples(rec):
         # the type is the file name's first part; a gauge's aggregation its second (max:

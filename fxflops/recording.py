@@ -13,7 +13,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fxflops import config
@@ -27,6 +29,10 @@ log = logging.getLogger(__name__)
 
 # distinct sizes past the cap that are still told apart (to count them; a few MiB at most)
 MAX_DROPPED_KEYS = 65536
+
+# the phase of real traffic; any other (vLLM's "profile" run, its "warmup" compiles, its
+# CUDA-graph "capture") is recorded apart, in rows of its own (``Recorder.warmup``)
+SERVING = "serve"
 
 
 class GraphRecord:
@@ -42,8 +48,17 @@ class GraphRecord:
         self.binder: SizeBinder = cost.binder
         self.static_size = static_size
         self.meta = meta or {}
-        # keyed by what ``binder.key(args)`` returns (an int for one size symbol)
+        # keyed by what ``binder.key(args)`` returns (an int for one size symbol): the
+        # rows of real traffic
         self.rows: dict[Any, SizeStats] = {}
+        # the rows calls go to now (``rows``, or a warm-up phase's), and the callables
+        # that read them on their hot path, rebound when the phase changes
+        self.phase = SERVING
+        self.active = self.rows
+        self.warmup: dict[str, dict[Any, SizeStats]] = {}
+        self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the process's backward passes (a backward graph's calls note theirs there)
+        self.passes = BackwardPasses()
         self.max_sizes = config.MAX_SIZES.get()
         # calls at sizes past ``max_sizes``: counted and timed here, not per size
         self.overflow = SizeStats((), "overflow")
@@ -61,16 +76,18 @@ class GraphRecord:
         return len(self.dropped_keys)
 
     def new_row(self, raw_key: Any) -> SizeStats:
-        """First call at a size: evaluate the cost expressions once for it (under the lock:
-        two threads at one new size get one row)."""
-        row = self.rows.get(raw_key)
+        """First call at a size (in this phase): evaluate the cost expressions once for it
+        (under the lock: two threads at one new size get one row)."""
+        rows = self.active
+        row = rows.get(raw_key)
         if row is not None:
             return row
         with self._lock:
-            row = self.rows.get(raw_key)
+            rows = self.active
+            row = rows.get(raw_key)
             if row is not None:
                 return row
-            if len(self.rows) >= self.max_sizes:
+            if len(rows) >= self.max_sizes:
                 if len(self.dropped_keys) < MAX_DROPPED_KEYS:
                     self.dropped_keys.add(raw_key)
                 return self.overflow
@@ -80,8 +97,26 @@ class GraphRecord:
             row = SizeStats(key, size_label(key) if key else self.static_size, cost)
             row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
                                  for kind, layer, f, b in self._runtime_terms]
-            self.rows[raw_key] = row
+            rows[raw_key] = row
             return row
+
+    def read_by(self, graph: Any) -> None:
+        """``graph`` reads the active rows on its hot path (as ``graph._rows``)."""
+        self.readers.add(graph)
+        graph._rows = self.active
+
+    def enter_phase(self, phase: str) -> None:
+        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's)."""
+        with self._lock:
+            self.phase = phase
+            self.active = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
+            for graph in list(self.readers):
+                graph._rows = self.active
+
+    def warmup_rows(self) -> dict[str, list[SizeStats]]:
+        """A snapshot of each warm-up phase's rows."""
+        return {phase: list(rows.values()) for phase, rows in list(self.warmup.items())
+                if rows}
 
     def all_rows(self) -> list[SizeStats]:
         """A snapshot of the per-size rows, and the overflow row once a call went there."""
@@ -93,8 +128,30 @@ class GraphRecord:
         the parent held at the fork is a new one here."""
         self._lock = threading.Lock()
         self.rows.clear()
+        for rows in self.warmup.values():
+            rows.clear()
         self.overflow = SizeStats((), "overflow")
         self.dropped_keys.clear()
+
+
+class BackwardPasses:
+    """How many backward passes (``loss.backward()`` calls) ran compiled backward graphs,
+    per size: each pass is one autograd graph task, whatever graphs it runs (a model
+    compiled block by block, split by DDP's optimizer, or recompiled). What a training
+    step's figures are divided by (``fxflops.steps``)."""
+
+    def __init__(self) -> None:
+        self.by_size: dict[Any, int] = {}
+        self._last: int | None = None
+
+    def note(self, size: Any) -> None:
+        """(From a backward graph's call.) Count the pass it runs in, once."""
+        import torch
+
+        task = torch._C._current_graph_task_id()
+        if task != self._last:
+            self._last = task
+            self.by_size[size] = self.by_size.get(size, 0) + 1
 
 
 class UninstrumentedGraph:
@@ -171,14 +228,22 @@ class Recorder:
 
     def __init__(self) -> None:
         self.graphs: list[GraphRecord] = []
+        # whole forwards (vLLM), per size: real traffic's, and each warm-up phase's
         self.forwards: dict[int, SizeStats] = {}
+        self.warmup_forwards: dict[str, dict[int, SizeStats]] = {}
+        self._active_forwards = self.forwards
         # graphs fxflops could not instrument (they run as compiled, counted where possible)
         self.uninstrumented: list[UninstrumentedGraph] = []
         self.info: dict[str, Any] = {}
+        # collectives outside the graphs (FSDP2's), by kind: [calls, bytes]
+        self.collectives: dict[str, list[int]] = {}
+        self.backward_passes = BackwardPasses()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.run_id = config.run_id()
         self.started = time.time()
+        if phase() != SERVING:  # made during a warm-up (its first graph compiled there)
+            self.switch(phase())
 
     # --- registration (compile time) -------------------------------------------------
 
@@ -188,6 +253,9 @@ class Recorder:
         with self._lock:
             index = next(self._ids)
             record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
+            record.passes = self.backward_passes
+            if phase() != SERVING:  # compiled during a warm-up: its calls there are warm-up
+                record.enter_phase(phase())
             self.graphs.append(record)
         self.registered(record)
         return record
@@ -216,10 +284,21 @@ class Recorder:
             return next(self._ids)
 
     def forward_row(self, size: int) -> SizeStats:
-        row = self.forwards.get(size)
+        rows = self._active_forwards
+        row = rows.get(size)
         if row is None:
-            row = self.forwards.setdefault(size, SizeStats((size,), size))
+            row = rows.setdefault(size, SizeStats((size,), size))
         return row
+
+    # --- warm-up ------------------------------------------------------------------------
+
+    def switch(self, phase: str) -> None:
+        """Send calls from now on to ``phase``'s rows (``warmup`` calls it)."""
+        with self._lock:
+            self._active_forwards = self.forwards if phase == SERVING else \
+                self.warmup_forwards.setdefault(phase, {})
+            for g in list(self.graphs):
+                g.enter_phase(phase)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -228,6 +307,10 @@ class Recorder:
 
     def forwards_snapshot(self) -> list[SizeStats]:
         return list(self.forwards.values())
+
+    def warmup_forwards_snapshot(self) -> dict[str, list[SizeStats]]:
+        return {phase: list(rows.values()) for phase, rows in list(self.warmup_forwards.items())
+                if rows}
 
     def peak(self) -> dict[str, Any]:
         from fxflops.peaks import current_peak
@@ -238,9 +321,15 @@ class Recorder:
         """Forget every row (graphs stay registered: their callables still point here)."""
         for g in self.graphs_snapshot():
             g.rows.clear()
+            for rows in g.warmup.values():
+                rows.clear()
             g.overflow = SizeStats((), "overflow")
             g.dropped_keys.clear()
         self.forwards.clear()
+        for forwards in self.warmup_forwards.values():
+            forwards.clear()
+        self.collectives.clear()
+        self.backward_passes.by_size.clear()
         for entry in list(self.uninstrumented):
             entry.calls = 0
 
@@ -251,6 +340,10 @@ class Recorder:
         for g in self.graphs_snapshot():
             g.after_fork()
         self.forwards.clear()
+        for forwards in self.warmup_forwards.values():
+            forwards.clear()
+        self.collectives.clear()
+        self.backward_passes.by_size.clear()
         for entry in list(self.uninstrumented):
             entry.calls = 0
         self.started = time.time()
@@ -270,6 +363,42 @@ def recorder() -> Recorder:
             if _RECORDER is None:
                 _RECORDER = FACTORY()
     return _RECORDER
+
+
+# the warm-up phases entered and not left, innermost last: process-wide, as the recorder
+# may be made (its first graph compiled) inside one
+_PHASES: list[str] = []
+_PHASE_LOCK = threading.Lock()
+
+
+def phase() -> str:
+    """The phase calls are recorded in now: ``SERVING``, or the innermost warm-up's."""
+    phases = _PHASES
+    return phases[-1] if phases else SERVING
+
+
+@contextmanager
+def warmup(name: str) -> Iterator[None]:
+    """Calls inside are ``name``'s (vLLM's "profile" run, its "warmup" compiles, its
+    CUDA-graph "capture": not traffic), recorded apart from real traffic's rows: the
+    report has them under ``warmup``, the tables and the counters leave them out. Nests:
+    the innermost phase counts; past the outermost, calls are traffic again. Switching is
+    O(graphs) here, never a cost on the hot path (each graph's callable is pointed at the
+    phase's rows)."""
+    with _PHASE_LOCK:
+        _PHASES.append(name)
+        rec = current()
+        if rec is not None:
+            rec.switch(name)
+    try:
+        yield
+    finally:
+        with _PHASE_LOCK:
+            if name in _PHASES:
+                del _PHASES[len(_PHASES) - 1 - _PHASES[::-1].index(name)]
+            rec = current()
+            if rec is not None:
+                rec.switch(phase())
 
 
 def current() -> Recorder | None:

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fxflops import config
 from fxflops.cost import CostAt, Count, Rollup
+from fxflops.placement import FIELDS as PLACEMENT_FIELDS
+from fxflops.placement import label as placement_label
+from fxflops.placement import placement
 from fxflops.stats import SizeStats, parse_size, throughput
 from fxflops.util import atomic_text
 
@@ -35,23 +37,20 @@ def _count(c: Count) -> int | str:
     return c if isinstance(c, int) else str(c)
 
 
-def process_rank() -> int | None:
-    rank = config.RANK.get()
-    if rank is not None:
-        return rank
-    for var in ("RANK", "LOCAL_RANK"):  # torchrun's
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
+def process_rank(info: dict[str, Any] | None = None) -> int | None:
+    """This process's global rank (``placement``), None outside a parallel job."""
+    return placement(info or {}).get("rank")
 
 
 def process_info(info: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     vllm = sys.modules.get("vllm")
-    rank = info.get("rank", process_rank())
+    ranks = placement(info)
     return {
-        "pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
+        "pid": os.getpid(), "host": socket.gethostname(), "rank": ranks.get("rank"),
+        # data, pipeline and tensor parallelism, node (see fxflops.placement)
+        "ranks": ranks,
         "device": info.get("device"), "dtype": info.get("dtype"),
         "torch": torch.__version__, "vllm": getattr(vllm, "__version__", None),
         "argv": sys.argv[:8],
@@ -59,7 +58,7 @@ def process_info(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_filename(info: dict[str, Any]) -> str:
-    rank = info.get("rank", process_rank())
+    rank = process_rank(info)
     suffix = f"-rank{rank}" if rank is not None else ""
     return f"fxflops-{socket.gethostname()}-{os.getpid()}{suffix}.json"
 
@@ -149,9 +148,11 @@ def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
     own run-time count)."""
     by_size: dict[Any, list[CostAt]] = {}
     for g in rec.graphs_snapshot():
-        for r in g.all_rows():
-            if r.cost is not None:
-                by_size.setdefault(r.size, []).append(r.cost)
+        # a size's cost is the same in every phase: each graph's once per size
+        of_graph = {r.size: r.cost for rows in (*g.warmup_rows().values(), g.all_rows())
+                    for r in rows if r.cost is not None}
+        for size, cost in of_graph.items():
+            by_size.setdefault(size, []).append(cost)
     return {size: CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
             for size, costs in by_size.items()}
 
@@ -232,27 +233,55 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
 def build_report(rec: Recorder) -> dict[str, Any]:
     peak = rec.peak()
     records = rec.graphs_snapshot()
+    passes = rec.backward_passes.by_size
+
+    def graph_row(g: GraphRecord, r: SizeStats) -> dict[str, Any]:
+        if g.meta.get("phase") != "backward":
+            return row_figures(r, peak)
+        # the process's backward passes at this size: what a step's figures divide by
+        return {**row_figures(r, peak), "backward_passes": passes.get(r.size, 0)}
+
     graphs = [{**graph_summary(g), "dropped_sizes": g.dropped_sizes,
-               "rows": [row_figures(r, peak) for r in sorted_rows(g.all_rows())]}
+               "rows": [graph_row(g, r) for r in sorted_rows(g.all_rows())],
+               **_warmup(g.warmup_rows(), lambda r: row_figures(r, peak))}
               for g in records]
     costs = forward_costs(rec)
     flops_at = _general_flops(rec)
-    forward = [{**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
-               for r in sorted_rows(rec.forwards_snapshot())]
+
+    def forward_figures(r: SizeStats) -> dict[str, Any]:
+        return {**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
+
+    forward = [forward_figures(r) for r in sorted_rows(rec.forwards_snapshot())]
     import hashlib
 
     model = hashlib.sha1(",".join(sorted(g["fingerprint"] for g in graphs)).encode())
     run = {"id": rec.run_id, "started": rec.started, "fingerprint": model.hexdigest()[:12]}
-    data = {"schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
+    data: dict[str, Any] = {
+            "schema": SCHEMA, "run": run, "process": process_info(rec.info), "peak": peak,
             "graphs": graphs, "forward": forward,
+            **{f"forward_{k}": v for k, v in _warmup(rec.warmup_forwards_snapshot(),
+                                                     forward_figures).items()},
             # graphs that run as compiled, uncounted: why, and their calls
             "uninstrumented": [{"name": u.name, "reason": u.reason, "calls": u.calls}
                                for u in list(rec.uninstrumented)]}
+    if rec.collectives:  # outside the graphs (FSDP2's): apart from the graphs' bytes
+        data["collectives"] = {kind: {"calls": calls, "bytes": nbytes}
+                               for kind, (calls, nbytes) in sorted(rec.collectives.items())}
     if any(g.meta.get("phase") == "backward" for g in records):
         from fxflops.steps import training_steps
 
         data["steps"] = training_steps(flat_rows([data]), peak)
     return data
+
+
+def _warmup(phases: dict[str, list[SizeStats]], figures: Callable[[SizeStats], dict[str, Any]]
+            ) -> dict[str, list[dict[str, Any]]]:
+    """``{"warmup": rows}``, each row marked with its phase (vLLM's profile run, warm-up
+    compiles, CUDA-graph capture: not traffic, left out of every table by default); ``{}``
+    without any."""
+    rows = [{**figures(r), "warmup": phase} for phase, phase_rows in sorted(phases.items())
+            for r in sorted_rows(phase_rows)]
+    return {"warmup": rows} if rows else {}
 
 
 def run_id(report: dict[str, Any]) -> str:
@@ -300,13 +329,15 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
     "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),
-    "estimated_flops": _NUMBER,
+    "estimated_flops": _NUMBER, "backward_passes": (int,),
+    "collective_bytes_total": (int,),
     # what flat_rows and the CLI add to a row: a row's own would override them, so they
     # must be what the CLI groups by and prints (hashable, text)
     "graph": (str,), "graph_id": (int,), "run": (str,), "rank": (int, str, type(None)),
     "pid": _MAYBE_INT, "fingerprint": _MAYBE_STR, "phase": _MAYBE_STR,
-    "source": _MAYBE_STR, "frame": (int, str, type(None)), "ranks": (int,),
-    "outside_share": _MAYBE_NUMBER, "graphs_ms": _NUMBER,
+    "source": _MAYBE_STR, "frame": (int, str, type(None)), "ranks": (int,), "piece": _MAYBE_INT,
+    "outside_share": _MAYBE_NUMBER, "graphs_ms": _NUMBER, "place": (str,), "stage": (str,),
+    "warmup": (str,), **{f: _MAYBE_INT for f in PLACEMENT_FIELDS if f != "rank"},
 }
 _GRAPH_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "rows": (list,)}
 _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
@@ -315,7 +346,7 @@ _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
     # an int for a static graph, else the expression of its size symbols
     "flops": (int, str), "matmul_flops": (int, str), "bytes_io": (int, str),
     "bytes_nodes": (int, str), "runtime_ops": (list,), "by_op": (list,), "by_module": (list,),
-    "layers": (dict,)}
+    "layers": (dict,), "warmup": (list,)}
 _LAYERS_OPTIONAL: dict[str, tuple[type, ...]] = {"checked": (int,), "estimated": (list,)}
 _UNINSTRUMENTED_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "reason": (str,), "calls": (int,)}
@@ -324,9 +355,9 @@ _ESTIMATED_FIELDS: dict[str, tuple[type, ...]] = {
 # the meta fields the CLI reads (steps group by frame, tune by compile size)
 _GRAPH_META: dict[str, tuple[type, ...]] = {
     "phase": _MAYBE_STR, "source": _MAYBE_STR, "frame": (int, str, type(None)),
-    "compile_size": _MAYBE_INT}
+    "compile_size": _MAYBE_INT, "piece": _MAYBE_INT}
 _PROCESS_OPTIONAL: dict[str, tuple[type, ...]] = {
-    "pid": _MAYBE_INT, "rank": (int, str, type(None)), "host": _MAYBE_STR}
+    "pid": _MAYBE_INT, "rank": (int, str, type(None)), "host": _MAYBE_STR, "ranks": (dict,)}
 _RUN_OPTIONAL: dict[str, tuple[type, ...]] = {
     "id": _MAYBE_STR, "started": _MAYBE_NUMBER, "fingerprint": _MAYBE_STR}
 _PEAK_OPTIONAL: dict[str, tuple[type, ...]] = {
@@ -441,10 +472,16 @@ def validate(data: Any, where: str) -> None:
     if data["schema"] != SCHEMA:
         raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
-           {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,)})
+           {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,),
+            "forward_warmup": (list,), "collectives": (dict,)})
+    for kind, v in (data.get("collectives") or {}).items():
+        _check(v, f"{where}: collectives.{kind}", {"calls": (int,), "bytes": (int,)}, {})
     for i, u in enumerate(data.get("uninstrumented") or []):
         _check(u, f"{where}: uninstrumented[{i}]", _UNINSTRUMENTED_FIELDS, {})
     _check(data["process"], f"{where}: process", {}, _PROCESS_OPTIONAL)
+    if "ranks" in data["process"]:
+        _check(data["process"]["ranks"], f"{where}: process.ranks", {},
+               {f: (int,) for f in PLACEMENT_FIELDS})
     for part, fields in (("run", _RUN_OPTIONAL), ("peak", _PEAK_OPTIONAL)):
         if part in data:
             _check(data[part], f"{where}: {part}", {}, fields)
@@ -456,10 +493,12 @@ def validate(data: Any, where: str) -> None:
             _check(g["layers"], f"{where}: graphs[{i}].layers", {}, _LAYERS_OPTIONAL)
             for k, e in enumerate(g["layers"].get("estimated", [])):
                 _check(e, f"{where}: graphs[{i}].layers.estimated[{k}]", _ESTIMATED_FIELDS, {})
-        for j, r in enumerate(g["rows"]):
-            _check(r, f"{where}: graphs[{i}].rows[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
-    for j, r in enumerate(data["forward"]):
-        _check(r, f"{where}: forward[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
+        for part in ("rows", "warmup"):
+            for j, r in enumerate(g.get(part, [])):
+                _check(r, f"{where}: graphs[{i}].{part}[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
+    for part in ("forward", "forward_warmup"):
+        for j, r in enumerate(data.get(part, [])):
+            _check(r, f"{where}: {part}[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
 
 
 def _too_large(p: Path) -> ReportError:
@@ -592,16 +631,25 @@ def _latest_per_process(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(latest.values())
 
 
-def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every (graph, size) row of every report, tagged with its run, rank and process.
+def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[str, Any]]:
+    """Every (graph, size) row of every report, tagged with its run, process and placement;
+    with ``warmup``, the warm-up rows too (each with its ``warmup`` phase).
 
-    Graphs that share a name in one report are kept apart: the second is ``name#2``.
-    Rows of a training step's graphs carry their ``phase`` and ``source``.
+    The placement (``process.ranks``: ``dp``, ``pp``, ``tp``, their sizes, the node) is on
+    every row, with ``place`` its short name (``pp1 tp0``), so that ``fxflops.merge`` can
+    tell shards from stages from replicas. Graphs that share a name in one report are kept
+    apart: the second is ``name#2``. Rows of a training step's graphs carry their ``phase``,
+    ``source`` and ``frame``.
     """
     rows = []
     for rep in reports:
         proc = rep["process"]
-        tags = {"run": run_id(rep), "rank": proc.get("rank"), "pid": proc.get("pid")}
+        ranks = {k: v for k, v in (proc.get("ranks") or {}).items() if k != "rank"}
+        tags = {"run": run_id(rep), "rank": proc.get("rank"), "pid": proc.get("pid"), **ranks,
+                "place": placement_label({**ranks, "rank": proc.get("rank")})
+                or f"pid {proc.get('pid')}"}
+        if rep.get("collectives"):  # FSDP2's, outside the graphs (fxflops.steps per step)
+            tags["collective_bytes_total"] = sum(v["bytes"] for v in rep["collectives"].values())
         seen: dict[str, int] = {}
         for g in rep["graphs"]:
             seen[g["name"]] = seen.get(g["name"], 0) + 1
@@ -609,49 +657,12 @@ def flat_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
             meta = g.get("meta") or {}
             # a training graph's phase, the Dynamo graph it came from, the Python frame
             # (fxflops.autograd, fxflops.steps)
-            origin = {k: meta[k] for k in ("phase", "source", "frame") if k in meta}
-            for r in g["rows"]:
+            origin = {k: meta[k] for k in ("phase", "source", "frame", "piece") if k in meta}
+            for r in g["rows"] + (g.get("warmup", []) if warmup else []):
                 rows.append({**tags, "graph": name, "fingerprint": g.get("fingerprint"),
                              **origin, **r})
-        for r in rep["forward"]:
+        for r in rep["forward"] + (rep.get("forward_warmup", []) if warmup else []):
             rows.append({**tags, "graph": "<forward>", **r})
     return rows
 
 
-def merge_rows(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
-               ) -> list[dict[str, Any]]:
-    """Merge rows of the same (graph, size) across processes and ranks.
-
-    Another rank adds its shard's work: FLOPs and bytes add up over ranks. Calls add up over
-    processes. The median is the slowest rank's (the step waits for it). The rates, MFU and
-    roofline then come from ``throughput`` as a single row's do, against the peak of all
-    the ranks' devices together (``peak`` per device times the number of ranks).
-    """
-    groups: dict[tuple[Any, str, str], list[dict[str, Any]]] = {}
-    for r in rows:  # never across runs
-        groups.setdefault((r.get("run"), r["graph"], str(r["size"])), []).append(r)
-    peak = peak or {}
-    merged = []
-    for group in groups.values():
-        first_of_rank: dict[Any, dict[str, Any]] = {}
-        for r in group:
-            first_of_rank.setdefault(r.get("rank"), r)
-        shards = list(first_of_rank.values())
-        m = {**group[0], "rank": "all", "ranks": len(shards)}
-        for f in ("calls", "total_ms"):
-            m[f] = sum(r.get(f) or 0 for r in group)
-        for f in ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
-                  "recomputed_flops", "recomputed_matmul_flops"):
-            m[f] = sum(r.get(f) or 0 for r in shards)
-        for f in ("total_flops", "total_matmul_flops", "total_bytes"):  # over processes too
-            m[f] = sum(r.get(f) or 0 for r in group)
-        m["gflops"] = m["flops"] / 1e9
-        for f in ("median_ms", "p10_ms", "p90_ms"):
-            m[f] = max(r.get(f) or 0 for r in group)
-        devices = len(shards)
-        tflops, gbps = peak.get("tflops"), peak.get("gbps")
-        m.update(throughput(m["flops"], m["matmul_flops"], m["bytes_io"], m["median_ms"] / 1e3,
-                            tflops * devices if tflops else None,
-                            gbps * devices if gbps else None, m["recomputed_matmul_flops"]))
-        merged.append(m)
-    return merged

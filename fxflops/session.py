@@ -150,6 +150,9 @@ class Session(Recorder):
 
     def _write_metrics(self, directory: str) -> None:
         metrics.write_files(self, directory)
+        # FXFLOPS_PROMETHEUS_PORT: this node's exporter, if no process of the node serves
+        # it yet (one bind attempt per flush, never on the hot path)
+        metrics.serve_node(directory)
 
     # --- the process around it ------------------------------------------------------
 
@@ -233,7 +236,8 @@ def _metrics_dir() -> str | None:
     where = metrics.files_dir()
     if where is None:
         warn_once("prometheus-nowhere", "fxflops: FXFLOPS_PROMETHEUS=1 but nowhere to write "
-                  "the counters: set PROMETHEUS_MULTIPROC_DIR or FXFLOPS_PROMETHEUS_DIR, or "
+                  "the counters: set FXFLOPS_PROMETHEUS_PORT (this node's exporter), "
+                  "PROMETHEUS_MULTIPROC_DIR or FXFLOPS_PROMETHEUS_DIR, or "
                   "serve them with fxflops.recorder().register_prometheus()")
     return where
 

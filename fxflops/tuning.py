@@ -124,6 +124,29 @@ def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
     return sorted(by_size.values(), key=lambda s: s.size)
 
 
+def by_stage(reports: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """One run's reports per pipeline stage (``process.ranks.pp``; one stage without)."""
+    stages: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for rep in reports:
+        stages[int((rep["process"].get("ranks") or {}).get("pp") or 0)].append(rep)
+    return dict(sorted(stages.items()))
+
+
+def pipeline_served(stages: dict[int, list[Served]]) -> list[Served]:
+    """A pipeline's sizes: a batch goes through every stage in turn, so a size's time is the
+    sum of the stages' medians; its calls and tokens, the first stage's (every stage ran
+    the same batches). Sizes some stage did not serve are left out."""
+    per_stage = [{s.size: s for s in served} for served in stages.values()]
+    common = set.intersection(*(set(m) for m in per_stage)) if per_stage else set()
+    out = []
+    for size in sorted(common):
+        first = per_stage[0][size]
+        kinds = {m[size].kind for m in per_stage}
+        out.append(Served(size, first.calls, sum(m[size].median_ms for m in per_stage),
+                          first.kind if len(kinds) == 1 else GENERAL, first.scheduled))
+    return out
+
+
 def _merge(by_size: dict[int, Served], s: Served) -> None:
     old = by_size.get(s.size)
     if old is None or s.median_ms > old.median_ms:  # another rank: the slowest one's

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.report import ReportError, load_report, merge_rows, validate
+from fxflops.merge import merge_rows
+from fxflops.report import ReportError, load_report, validate
 
 
 def _row(rank, flops, matmul, bytes_io, median_ms, calls):

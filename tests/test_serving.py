@@ -87,6 +87,7 @@ class Server:
 
         self.out = folder / "out"
         self.sent: list[int] = []
+        self.vllm_metrics: dict[tuple[str, tuple], float] = {}
         self.port = free_port()
         self.model = vllm_tiny.tiny_llama(str(folder / "model"))
         env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
@@ -180,6 +181,14 @@ class Server:
         self.log.close()
 
 
+def process_labels(report: dict) -> dict[str, str]:
+    """A process's labels: its rank, and its data, pipeline and tensor-parallel ranks and
+    node, as its report has them."""
+    ranks = report["process"].get("ranks") or {}
+    return {"rank": str(report["process"].get("rank") or 0),
+            **{k: str(ranks[k]) for k in ("dp", "pp", "tp", "node") if k in ranks}}
+
+
 def check_metrics_equal_report(metrics: dict, reports: list[dict]) -> int:
     """Every graph and size the report lists has its counters, with equal values; and
     /metrics has no fxflops series the report does not. Returns the series checked."""
@@ -194,11 +203,10 @@ def check_metrics_equal_report(metrics: dict, reports: list[dict]) -> int:
         seen.add(key)
 
     for rep in reports:
-        rank = str(rep["process"].get("rank") or 0)
         rows = [("fxflops_graph", {"graph": g["name"]}, r) for g in rep["graphs"]
                 for r in g["rows"]] + [("fxflops_forward", {}, r) for r in rep["forward"]]
         for prefix, labels, r in rows:
-            labels = {**labels, "size": str(r["size"]), "rank": rank}
+            labels = {**labels, "size": str(r["size"]), **process_labels(rep)}
             expect(f"{prefix}_calls_total", labels, r["calls"])
             expect(f"{prefix}_flops_total", labels, r["total_flops"])
             expect(f"{prefix}_matmul_flops_total", labels, r["total_matmul_flops"])
@@ -223,6 +231,7 @@ def padded_server(tmp_path_factory):
     try:
         tokens = server.complete([5, 13, 20]) + server.complete([7])
         metrics, reports = server.settled()
+        server.vllm_metrics = server.scrape("vllm:")  # vLLM's own, for an independent check
     finally:
         server.stop()
     return server, metrics, reports, tokens
@@ -244,7 +253,7 @@ def test_scheduled_tokens_equal_vllm_own_counters(padded_server):
     generated but never fed to a forward, so the tokens the forwards were given are that sum
     less one per finished request."""
     server, metrics, _, _ = padded_server
-    vllm_metrics = server.scrape("vllm:")
+    vllm_metrics = server.vllm_metrics
     per_step = sum(v for (name, _), v in vllm_metrics.items()
                    if name == "vllm:iteration_tokens_total_sum")
     finished = sum(v for (name, _), v in vllm_metrics.items()
@@ -275,7 +284,7 @@ def test_padding_waste_equals_the_hand_computed_one(padded_server):
         assert r["padding_ms"] == pytest.approx(r["median_ms"] * r["padding_flops_share"],
                                                 rel=1e-9)
         # and /metrics counts the same tokens
-        labels = (("rank", "0"), ("size", str(size)))
+        labels = tuple(sorted({"size": str(size), **process_labels(report)}.items()))
         assert metrics[("fxflops_forward_tokens_total", labels)] == size * r["calls"]
         assert metrics[("fxflops_forward_scheduled_tokens_total", labels)] == \
             r["scheduled_tokens"]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.report import load_reports, merge_rows
+from fxflops.merge import merge_rows
+from fxflops.report import load_reports
 from tests import procs
 
 vllm = pytest.importorskip("vllm")

@@ -9,14 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
-from fxflops.report import (
-    ReportError,
-    flat_rows,
-    load_reports,
-    merge_rows,
-    run_id,
-    size_order,
-)
+from fxflops.merge import merge_rows, merge_steps
+from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
 
 
@@ -39,7 +33,13 @@ def keyed(path: str) -> dict[tuple[str, str], dict[str, Any]]:
         raise ReportError(f"{path}: holds {len(runs)} runs; give one run's reports "
                           "(fxflops report shows which files belong to which)")
     rows = merge_rows(flat_rows(reports), reports[0].get("peak"))
-    return {(r.get("fingerprint") or r["graph"], str(r["size"])): r for r in rows}
+    # a pipeline's stages are apart: the same graph name on two stages is two graphs
+    return {(_stage_prefix(r) + (r.get("fingerprint") or r["graph"]), str(r["size"])): r
+            for r in rows}
+
+
+def _stage_prefix(r: dict[str, Any]) -> str:
+    return f"{r['stage']}:" if r.get("stage") else ""
 
 
 def _static_flops(r: dict[str, Any]) -> int:
@@ -62,7 +62,9 @@ def compare_rows(base: dict, new: dict, force: bool = False) -> list[dict[str, A
     out = []
     for key in sorted(set(base) | set(new), key=_order):
         b, n = base.get(key), new.get(key)
-        row = {"graph": (b or n or {}).get("graph", key[0]), "size": key[1], "base": b,
+        shown = b or n or {}
+        graph = shown.get("graph", key[0]) + (f" [{shown['stage']}]" if shown.get("stage") else "")
+        row = {"graph": graph, "size": key[1], "base": b,
                "new": n, "speedup": None}
         if b and n and n["median_ms"]:
             row["speedup"] = b["median_ms"] / n["median_ms"]
@@ -108,8 +110,11 @@ def run(args: argparse.Namespace) -> int:
 def steps_of(path: str) -> dict[str, dict[str, Any]]:
     """A training run's per-step roll-up by size (fxflops.steps); empty for inference."""
     reports = load_reports([path])
-    steps = training_steps(flat_rows(reports), reports[0].get("peak"))
-    return {str(s["size"]): s for s in steps if s["rank"] in (None, 0)}
+    peak = reports[0].get("peak")
+    steps = training_steps(flat_rows(reports), peak)
+    if len({s["rank"] for s in steps}) > 1:  # many ranks: the job's step
+        steps = merge_steps(steps, peak)
+    return {str(s["size"]): s for s in steps}
 
 
 def _print_steps(console: Any, base: dict[str, dict[str, Any]],

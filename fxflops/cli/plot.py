@@ -10,7 +10,8 @@ from collections import defaultdict
 from math import prod
 from typing import Any
 
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id
+from fxflops.merge import merge_rows
+from fxflops.report import ReportError, flat_rows, load_reports, run_id
 from fxflops.stats import parse_size
 from fxflops.util import write_output
 
@@ -67,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
         raise ReportError("no rows with a numeric size to plot")
     peak = reports[0].get("peak") or {}
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        series[r["graph"]].append(r)
+    for r in rows:  # a pipeline's stages run different graphs: each its own series
+        series[r["graph"] + (f" [{r['stage']}]" if r.get("stage") else "")].append(r)
     fig, (ax_tp, ax_t, ax_roof) = plt.subplots(1, 3, figsize=(16, 4.8))
     for name, rs in sorted(series.items()):
         rs.sort(key=lambda r: tokens(r) or 0)
         sizes = [tokens(r) for r in rs]
         ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=_label(name))
-        if name != "<forward>":
+        if not name.startswith("<forward>"):
             ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o",
                        label=_label(name))
             pts = [(r["flops"] / r["bytes_io"], (r.get("tflops") or 0) * 1e3) for r in rs

@@ -14,7 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.report import ReportError, flat_rows, load_reports, merge_rows, run_id, size_order
+from fxflops.merge import merge_rows, merge_steps
+from fxflops.placement import label as placement_label
+from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
 from fxflops.util import write_output
 
@@ -24,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", help="report files or folders of them")
     p.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-' for stdout)")
     p.add_argument("--csv", metavar="OUT", help="write the rows as CSV ('-' for stdout)")
+    p.add_argument("--warmup", action="store_true",
+                   help="show the warm-up rows too (vLLM's profile run, warm-up compiles, "
+                   "CUDA-graph capture: left out by default, they are not traffic)")
     p.set_defaults(func=run)
 
 
@@ -31,23 +36,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 EXIT_SKIPPED = 3
 
 COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
-           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run",
+           "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run", "place",
+           "stage", "warmup",
            "phase", "recomputed_flops", "hfu", "padding_share"]
 
 
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
     """For whole-forward rows: the share of the forward spent outside compiled graphs.
 
-    Per run, rank and size: 1 - (sum over graphs of median x calls per forward) / forward
-    median.
+    Per run, process (or merged place: a stage, the whole job) and size: 1 - (sum over
+    graphs of median x calls per forward) / forward median.
     """
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        process = r.get("pid") if r.get("rank") != "all" else None
+        return (r.get("run"), r.get("place"), r.get("rank"), process, r.get("warmup"),
+                str(r["size"]))
+
     graph_time: dict[tuple[Any, ...], float] = defaultdict(float)
-    fwd = {(r.get("run"), r["rank"], str(r["size"])): r for r in rows
-           if r["graph"] == "<forward>"}
+    fwd = {key(r): r for r in rows if r["graph"] == "<forward>"}
     for r in rows:
         if r["graph"] == "<forward>":
             continue
-        k = (r.get("run"), r["rank"], str(r["size"]))
+        k = key(r)
         f = fwd.get(k)
         if f and f["calls"]:
             graph_time[k] += r["median_ms"] * r["calls"] / f["calls"]
@@ -57,16 +67,17 @@ def forward_outside_share(rows: list[dict[str, Any]]) -> None:
             f["graphs_ms"] = graph_time[k]
 
 
-def report_rows(reports: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+def report_rows(reports: list[dict[str, Any]], warmup: bool = False
+                ) -> tuple[list[dict[str, Any]], bool]:
     """Every rank's rows, and for a run of several ranks their merged rows too (rows of
-    different runs are never merged)."""
-    rows = flat_rows(reports)
+    different runs are never merged); with ``warmup``, the warm-up rows too."""
+    rows = flat_rows(reports, warmup)
     if not rows:
         raise ReportError("the reports hold no timed calls (did the compiled model run?)")
     forward_outside_share(rows)
     by_run: dict[Any, set[Any]] = defaultdict(set)
     for r in rows:
-        by_run[r["run"]].add(r["rank"])
+        by_run[r["run"]].add((r["rank"], r.get("place")))
     multi = any(len(ranks) > 1 for ranks in by_run.values())
     if multi:
         several = [r for r in rows if len(by_run[r["run"]]) > 1]
@@ -81,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     reports = load_reports(args.paths, skipped)
     for line in skipped:
         print(f"fxflops report: skipped {line}", file=sys.stderr)
-    rows, multi = report_rows(reports)
+    rows, multi = report_rows(reports, args.warmup)
     if args.json:
         _write(args.json, json.dumps(rows, indent=1, default=str))
     if args.csv:
@@ -110,30 +121,33 @@ def _started(reports: list[dict[str, Any]]) -> float:
 def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                rows: list[dict[str, Any]], multi: bool) -> None:
     peak = reports[0].get("peak") or {}
-    procs = ", ".join(sorted({f"rank {r['process'].get('rank')}" if r['process'].get('rank')
-                              is not None else f"pid {r['process'].get('pid')}"
-                              for r in reports}))
+    procs = ", ".join(sorted({_place(r) for r in reports}))
     for line in estimated_lines(reports):  # before the figures they change
         console.print("[yellow]" + escape(line))
     table = Table(title=escape(
         f"fxflops: run {run_name}: {len(reports)} report(s) ({procs}); peak: "
         f"{peak.get('tflops') or '-'} TFLOP/s, {peak.get('gbps') or '-'} GB/s "
         f"[{peak.get('source')}]"))
-    cols = (["rank"] if multi else []) + ["graph", "size", "calls", "median ms", "p90 ms",
+    cols = (["where"] if multi else []) + ["graph", "size", "calls", "median ms", "p90 ms",
                                           "GFLOPs", "GFLOP/s", "GB/s", "MFU", "bound",
                                           "outside graphs", "padding"]
     for c in cols:
-        table.add_column(c, justify="left" if c in ("graph", "rank") else "right")
+        table.add_column(c, justify="left" if c in ("graph", "where") else "right")
     for r in sorted(rows, key=_order):
-        cells = [str(r["rank"])] if multi else []
-        cells += [r["graph"], str(r["size"]), str(r["calls"]), f"{r['median_ms']:.3f}",
+        cells = [_where(r)] if multi else []
+        graph = r["graph"] + (f" ({r['warmup']})" if r.get("warmup") else "")
+        cells += [graph, str(r["size"]), str(r["calls"]), f"{r['median_ms']:.3f}",
                   f"{r.get('p90_ms', 0):.3f}", fmt_num(r["flops"] / 1e9),
                   fmt_num((r.get("tflops") or 0) * 1e3), fmt_num(r.get("gbps")),
                   fmt_pct(r.get("mfu")), r.get("bound") or "-",
                   fmt_pct(r.get("outside_share")), fmt_pct(r.get("padding_share"))]
         table.add_row(*map(escape, cells))
     console.print(table)
+    for line in merged_lines(rows):
+        console.print(escape(line))
     steps = training_steps([r for r in rows if r["rank"] != "all"], peak)
+    if len({s["rank"] for s in steps}) > 1:  # many ranks: the job's step too
+        steps += merge_steps(steps, peak)
     if steps:
         _print_steps(console, steps, multi)
     for rep in reports:
@@ -182,13 +196,14 @@ def estimated_lines(reports: list[dict[str, Any]]) -> list[str]:
 def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> None:
     """The per-step roll-up of a training run (fxflops.steps)."""
     table = Table(title="training steps: forward + backward (+ graphs run once a step)")
-    cols = (["rank"] if multi else []) + [
+    cols = (["where"] if multi else []) + [
         "size", "steps", "forward ms", "backward ms", "other ms", "step ms", "model GFLOPs",
         "hardware GFLOPs", "model GFLOP/s", "MFU", "HFU"]
     for c in cols:
-        table.add_column(c, justify="left" if c == "rank" else "right")
+        table.add_column(c, justify="left" if c == "where" else "right")
     for s in sorted(steps, key=lambda s: (str(s["rank"]), size_order(s["size"]))):
-        cells = [str(s["rank"])] if multi else []
+        cells = [f"all ({s['ranks']} ranks)" if s["rank"] == "all" else f"rank {s['rank']}"] \
+            if multi else []
         cells += [str(s["size"]), str(s["steps"]), f"{s['forward_ms']:.3f}",
                   f"{s['backward_ms']:.3f}", f"{s['other_ms']:.3f}", f"{s['step_ms']:.3f}",
                   fmt_num(s["model_flops"] / 1e9), fmt_num(s["flops"] / 1e9),
@@ -201,8 +216,33 @@ def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> 
         console.print(escape("once a step besides forward and backward: " + ", ".join(others)))
 
 
+def _where(r: dict[str, Any]) -> str:
+    """Where a row ran: a process's place (``pp1 tp0``, ``rank1``), a merged stage
+    (``pp1``) or the whole job (``all``)."""
+    return str(r.get("place") or r["rank"])
+
+
+def _place(report: dict[str, Any]) -> str:
+    proc = report["process"]
+    ranks = {**(proc.get("ranks") or {}), "rank": proc.get("rank")}
+    return placement_label({k: v for k, v in ranks.items() if v is not None}) or \
+        f"pid {proc.get('pid')}"
+
+
+def merged_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What the merged rows merged, and how: one line per kind of merge."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        m = r.get("merged")
+        if r["rank"] == "all" and m:
+            seen.setdefault(m["how"], m)
+    return [f"merged ({m['shards']} shard(s) x {m['stages']} stage(s) x {m['replicas']} "
+            f"replica(s)): {how}" for how, m in seen.items()]
+
+
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (str(r["rank"]), r["graph"] == "<forward>", r["graph"], size_order(r["size"]))
+    return (r["rank"] == "all", _where(r), r["graph"] in ("<forward>", "<pipeline>"),
+            r["graph"], r.get("warmup") or "", size_order(r["size"]))
 
 
 def _write(dest: str, text: str) -> None:

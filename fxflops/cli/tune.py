@@ -22,8 +22,8 @@ from rich.table import Table
 from fxflops.cli.main import non_negative_float, positive_int
 from fxflops.cli.tables import fmt_pct, make_console
 from fxflops.report import ReportError, load_reports, run_id
+from fxflops.tuning import Served, by_stage, pipeline_served, served_sizes, traffic
 from fxflops.tuning import recommend as recommend_one_run
-from fxflops.tuning import served_sizes, traffic
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -113,11 +113,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
-    # a size of 0 (an empty batch) has no tokens to pad or to time per token
-    served = [s for s in served_sizes(reports) if s.size > 0]
-    rec = recommend_one_run(served, budget)
+    stages = by_stage(reports)
     console = make_console()
-    table = Table(title="fxflops tune: the sizes this run served")
+    if len(stages) == 1:
+        _recommend(console, _served(reports), budget, "this run")
+        return 0
+    # a pipeline: each stage its own figures and recommendation; vLLM takes one set of
+    # sizes for every stage, and a batch goes through them all: the pipeline's is the one
+    per_stage = {pp: _served(reps) for pp, reps in stages.items()}
+    chosen = {pp: _recommend(console, served, budget, f"pipeline stage {pp}", cc=False)
+              for pp, served in per_stage.items()}
+    pipeline = _recommend(console, pipeline_served(per_stage), budget,
+                          f"the pipeline ({len(stages)} stages, times added)")
+    if len({tuple(sizes) for sizes in chosen.values()}) > 1:
+        console.print("note: the stages differ: " + "; ".join(
+            f"stage {pp}: {sizes}" for pp, sizes in chosen.items()) + f". vLLM takes one set "
+            f"for all stages: the pipeline's ({pipeline}) minimises the time of a batch "
+            "through every stage", soft_wrap=True)
+    return 0
+
+
+def _served(reports: list[dict[str, Any]]) -> list[Served]:
+    # a size of 0 (an empty batch) has no tokens to pad or to time per token
+    return [s for s in served_sizes(reports) if s.size > 0]
+
+
+def _recommend(console: Any, served: list[Served], budget: int, what: str,
+               cc: bool = True) -> list[int]:
+    """Print what ``what`` served and the sizes recommended for it; returns them."""
+    rec = recommend_one_run(served, budget)
+    table = Table(title=f"fxflops tune: the sizes {what} served")
     for c in ("size", "calls", "share", "median ms", "ran as", "padding"):
         table.add_column(c, justify="right")
     calls = sum(s.calls for s in served)
@@ -141,8 +166,10 @@ def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
                   "recommendation")
     for note in rec.notes:
         console.print(f"note: {note}", soft_wrap=True)
-    if rec.cc:
+    if not cc:
+        console.print(f"{what}: would take {rec.sizes}")
+    elif rec.cc:
         console.print("recommended: -cc '" + json.dumps(rec.cc) + "'", soft_wrap=True)
     else:
         console.print("recommended: no sizes to add for this traffic")
-    return 0
+    return sorted(rec.sizes)

@@ -4,7 +4,9 @@
 - the layer census for the safety net: ``layers``;
 - mode 2: ``CompilationConfig.init_backend``'s backend is wrapped by fxflops;
 - mode 3: ``CompilerManager.compile`` (which both compiles and loads from vLLM's cache)
-  returns instrumented piecewise graphs named by piece and compile range.
+  returns instrumented piecewise graphs named by piece and compile range;
+- warm-up: the worker's memory profiling, warm-up compiles and CUDA-graph capture run in a
+  warm-up phase (``fxflops.recording.warmup``): their calls are not traffic.
 """
 
 from __future__ import annotations
@@ -87,21 +89,105 @@ def passthrough(original: Callable[..., Any],
     return wrapper
 
 
-def _rank() -> int | None:
+def vllm_ranks(vllm_config: Any = None) -> dict[str, int]:
+    """This worker's place: tensor- and pipeline-parallel rank and size from vLLM's groups,
+    the data-parallel replica from the parallel config (``data_parallel_index``: dense
+    models' DP ranks all read 0 in ``data_parallel_rank``), its global rank, its node."""
+    out: dict[str, int] = {}
     try:
         from vllm.distributed import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
-            return parallel_state.get_tensor_model_parallel_rank()
+            tp, pp = parallel_state.get_tp_group(), parallel_state.get_pp_group()
+            out.update(tp=tp.rank_in_group, tp_size=tp.world_size, pp=pp.rank_in_group,
+                       pp_size=pp.world_size)
     except Exception:
         pass
-    return None
+    try:
+        if vllm_config is None:
+            from vllm.config import get_current_vllm_config
+
+            vllm_config = get_current_vllm_config()
+        parallel = vllm_config.parallel_config
+        out["dp"] = int(getattr(parallel, "data_parallel_index", None) or
+                        getattr(parallel, "data_parallel_rank", 0) or 0)
+        out["dp_size"] = int(parallel.data_parallel_size or 1)
+        out["node"] = int(getattr(parallel, "node_rank", 0) or 0)
+        out["nodes"] = int(getattr(parallel, "nnodes", 1) or 1)
+    except Exception:
+        pass
+    if "tp" in out:  # one number per worker of the whole job: replica, stage, shard
+        out["rank"] = (out.get("dp", 0) * out["pp_size"] + out["pp"]) * out["tp_size"] + out["tp"]
+        out["world"] = out.get("dp_size", 1) * out["pp_size"] * out["tp_size"]
+    return out
 
 
-def _note_rank() -> None:
-    rank = _rank()
-    if rank is not None:
-        recorder().info["rank"] = rank
+def _note_rank(vllm_config: Any = None) -> None:
+    ranks = vllm_ranks(vllm_config)
+    if "tp" in ranks:
+        info = recorder().info
+        info["ranks"] = {**info.get("ranks", {}), **ranks}
+        info["rank"] = ranks["rank"]
+
+
+# vLLM's methods that run the model for itself, not for requests, and the phase their
+# calls are recorded in (the innermost counts: the CPU worker's memory profiling runs its
+# warm-up, which runs ``profile_run``)
+WARMUP_METHODS = {
+    "determine_available_memory": "profile",  # the memory-profiling dummy forward
+    "profile_run": "profile",
+    "compile_or_warm_up_model": "warmup",  # compile sizes, kernel warm-up
+    "warming_up_model": "warmup",  # the CPU runner's
+    "capture_model": "capture",  # CUDA graphs
+}
+# where the model runners are, for those already imported (a worker imports its own)
+_RUNNER_CLASSES = (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+                   ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+                   ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"))
+
+
+def _subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo += c.__subclasses__()
+    return out
+
+
+def install_warmup_phases() -> None:
+    """Run vLLM's warm-up methods in their warm-up phase, on every worker and model runner
+    class this process has (called once the model is built, when the worker's classes
+    are imported; idempotent, and a class loaded later is patched at the next call)."""
+    import sys
+
+    from fxflops.recording import warmup
+
+    roots: list[type] = []
+    base = sys.modules.get("vllm.v1.worker.worker_base")
+    if base is not None:
+        roots.append(base.WorkerBase)
+    for module_name, class_name in _RUNNER_CLASSES:
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(cls, type):
+            roots.append(cls)
+
+    def in_phase(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                with warmup(phase):
+                    return original(*args, **kwargs)
+
+            return wrapper
+
+        return wrap
+
+    for root in roots:
+        for cls in _subclasses(root):
+            for name, phase in WARMUP_METHODS.items():
+                if callable(cls.__dict__.get(name)):
+                    _patch(cls, name, "warmup", in_phase(phase))
 
 
 def install_flush_at_shutdown() -> None:
@@ -115,9 +201,9 @@ def install_flush_at_shutdown() -> None:
 
 
 def note_vllm_config(vllm_config: Any) -> None:
-    """What fxflops takes from vLLM's config: the rank, and where depyf dumps graphs
+    """What fxflops takes from vLLM's config: the ranks, and where depyf dumps graphs
     (``debug_dump_path``), so the annotated dumps land beside vLLM's own."""
-    _note_rank()
+    _note_rank(vllm_config)
     try:
         path = vllm_config.compile_debug_dump_path()
     except Exception:

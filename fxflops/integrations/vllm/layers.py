@@ -163,6 +163,9 @@ def install_census() -> Any:
         model = named["self"]
         if isinstance(model, torch.nn.Module):
             note_model(model)
+        # the model is built: the worker's classes are imported, and its memory profiling
+        # and warm-up are still to come
+        hooks.install_warmup_phases()
 
     hooks._patch(wrapper.TorchCompileWithNoGuardsWrapper, "__init__", "census",
                  lambda original: hooks.passthrough(original, before=before,

@@ -31,6 +31,7 @@ def register() -> None:
     """Entry point: vLLM calls this in every process."""
     try:
         config.run_id()  # set before vLLM starts its engine and workers: they inherit it
+        _settings_reach_ray_workers()
         _collect_worker_metrics()
         _install_backend_name_shim()
         _install_census()
@@ -68,7 +69,8 @@ def uninstall() -> None:
 
 def _collect_worker_metrics() -> None:
     """``FXFLOPS_PROMETHEUS=1``: the counters the engine and worker processes write
-    (``fxflops.metrics``) appear in this process's ``/metrics``.
+    (``fxflops.metrics``) appear in this process's ``/metrics`` (and with
+    ``FXFLOPS_PROMETHEUS_PORT``, on that port, from every node).
 
     With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for several API servers) vLLM's own
     multi-process registry collects the files written there: nothing to do. Without it,
@@ -80,6 +82,14 @@ def _collect_worker_metrics() -> None:
     if "metrics" in _installed or not config.PROMETHEUS.get():
         return
     _installed.add("metrics")
+    if config.PROMETHEUS_PORT.get() is not None:
+        # this node's exporter (a node without the API server: ``--headless``; under
+        # Ray, each worker node): its workers write to the node's folder for the port, and
+        # the first vLLM process of the node, this one, serves it
+        from fxflops import metrics
+
+        metrics.serve_node()
+        return  # the counters are on that port, not in vLLM's /metrics
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return
     directory = config.PROMETHEUS_DIR.get()
@@ -95,6 +105,17 @@ def _collect_worker_metrics() -> None:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     MultiProcessCollector(REGISTRY, path=directory)
+
+
+def _settings_reach_ray_workers() -> None:
+    """Under Ray, vLLM copies to its workers only the environment variables whose prefixes
+    it lists (``vllm.ray.ray_env``): add fxflops' (``FXFLOPS``, ``FXFLOPS_*``) to
+    ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, the engine's own mechanism, before it
+    starts them."""
+    name = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+    prefixes = [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
+    if "FXFLOPS" not in prefixes:
+        os.environ[name] = ",".join([*prefixes, "FXFLOPS"])
 
 
 def _install_census() -> None:
