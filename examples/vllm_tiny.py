@@ -1,6 +1,7 @@
 """A tiny dummy-weight Llama under vLLM with fxflops: nothing is downloaded.
 
-    python examples/vllm_tiny.py OUT_DIR [--mode 2|3] [--backend fxflops] [--tp N] [--cache DIR]
+    python examples/vllm_tiny.py OUT_DIR [--mode 2|3] [--backend fxflops] [--tp N] [--pp N]
+        [--cache DIR]
 
 Writes one fxflops report per process (rank) into OUT_DIR. Used by the tests too.
 """
@@ -89,6 +90,7 @@ def main() -> None:
     p.add_argument("--mode", type=int, default=2)
     p.add_argument("--backend", default="fxflops")
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
     p.add_argument("--arch", default="llama")
     p.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT (reuse for a warm start)")
     p.add_argument("--dump", default=None, help="vLLM's debug_dump_path (depyf + fxflops dumps)")
@@ -103,8 +105,9 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.cache:
         os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.cache)
-    if args.tp > 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
+    workers = args.tp * args.pp
+    if workers > 1:  # one core per worker (vllm-cpu binds each worker's OpenMP threads)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(workers))))
     from vllm import LLM, SamplingParams
     from vllm.plugins import load_general_plugins
 
@@ -115,6 +118,7 @@ def main() -> None:
     model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
+              pipeline_parallel_size=args.pp,
               compilation_config={"mode": args.mode, "backend": args.backend,
                                   **({"debug_dump_path": args.dump} if args.dump else {})},
               max_num_seqs=8, seed=0)

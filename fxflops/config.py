@@ -110,11 +110,12 @@ WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,
-                "the rank written in the report (else `RANK`, `LOCAL_RANK`, or vLLM's TP rank)")
+                "the global rank written in the report (else vLLM's, torch.distributed's or "
+                "torchrun's `RANK`; see [many-devices.md](many-devices.md))")
 RUN_ID = Variable("FXFLOPS_RUN_ID", _text, None,
                   "the run a report belongs to: set by the first fxflops process, inherited by "
-                  "the processes it starts (vLLM's workers); set it to group processes "
-                  "started apart")
+                  "the processes it starts (vLLM's workers), agreed on by the ranks of a "
+                  "torch.distributed job; set it to group processes started apart")
 DUMP_DIR = Variable("FXFLOPS_DUMP_DIR", _text, None,
                     "another folder for the annotated graph dumps (vLLM: set to "
                     "`<debug_dump_path>/rank_*/fxflops`)")
@@ -122,8 +123,9 @@ PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
                      "export Prometheus counters (written at each flush; under vLLM they show "
                      "in its `/metrics`, see [serving.md](serving.md))")
 PROMETHEUS_DIR = Variable("FXFLOPS_PROMETHEUS_DIR", _text, None,
-                          "where the counters' files go when `PROMETHEUS_MULTIPROC_DIR` is unset "
-                          "(vLLM: made by the API server, inherited by its workers)")
+                          "where the counters' files go when `PROMETHEUS_MULTIPROC_DIR` is unset, "
+                          "or with `FXFLOPS_PROMETHEUS_PORT` (vLLM: made by the API server, "
+                          "inherited by its workers)")
 PROMETHEUS_PORT = Variable("FXFLOPS_PROMETHEUS_PORT", _port, None,
                            "serve this node's counters on this port (`/metrics`, one exporter "
                            "per node, for nodes without vLLM's API server; see "

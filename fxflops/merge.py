@@ -147,7 +147,8 @@ def _pipelines(stage_rows: list[dict[str, Any]], stages: int, peak: dict[str, An
             continue
         if len(present) < stages:  # not every stage ran this size: no whole model here
             continue
-        m = {**group[0], "graph": "<pipeline>", "rank": "all"}
+        m = {k: v for k, v in group[0].items() if k not in ("outside_share", "graphs_ms")}
+        m.update(graph="<pipeline>", rank="all")
         per_stage_calls = [sum(r["calls"] for r in group if r["_pp"] == pp) for pp in present]
         m["calls"] = min(per_stage_calls)  # batches that went through every stage
         for f in (*_WORK, "total_ms", *_TOTALS, *_TIMES):
@@ -216,3 +217,11 @@ def merge_steps(steps: Iterable[dict[str, Any]], peak: dict[str, Any] | None = N
         m["model_tflops"] = m["model_flops"] / seconds / 1e12 if seconds > 0 else None
         out.append(m)
     return out
+
+
+def merged_anything(row: dict[str, Any]) -> bool:
+    """Whether a merged row merged more than one process's row (a stage of one process is
+    that process's row again)."""
+    m = row.get("merged") or {}
+    return row.get("graph") == "<pipeline>" or \
+        (m.get("shards") or 1) * (m.get("stages") or 1) * (m.get("replicas") or 1) > 1

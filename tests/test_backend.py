@@ -217,3 +217,33 @@ def test_periodic_log_line_and_flush(tmp_path, monkeypatch, caplog):
     assert "(graph0, 2, 2, " in line and "(graph0, 3, 1, " in line
     (path,) = tmp_path.glob("fxflops-*.json")
     assert fxflops.load_report(path)["graphs"][0]["rows"]
+
+
+def test_warmup_phases_are_recorded_apart_and_nest():
+    """Calls inside ``recording.warmup`` go to that phase's rows (a graph compiled there
+    too); the innermost phase counts; past the outermost, calls are traffic again."""
+    from fxflops.recording import SERVING, phase, warmup
+    from fxflops.report import validate
+
+    compiled = torch.compile(lambda x: torch.relu(x @ x), backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    with warmup("profile"):  # the first compile happens here
+        compiled(torch.randn(8, 8))
+        compiled(torch.randn(8, 8))
+        assert phase() == "profile"
+    compiled(torch.randn(4, 4))
+    with warmup("capture"):
+        with warmup("profile"):
+            compiled(torch.randn(4, 4))
+        compiled(torch.randn(4, 4))
+    compiled(torch.randn(4, 4))
+    assert phase() == SERVING
+    report = fxflops.recorder().to_dict()
+    validate(report, "report")
+    (graph,) = report["graphs"]
+    assert [(r["size"], r["calls"]) for r in graph["rows"]] == [(4, 2)]
+    assert sorted((r["warmup"], r["size"], r["calls"]) for r in graph["warmup"]) == \
+        [("capture", 4, 1), ("profile", 4, 1), ("profile", 8, 2)]
+    # FLOPs of a warm-up row are the size's: 2 n^3 for the matmul, n^2 for the relu
+    profile8 = next(r for r in graph["warmup"] if r["size"] == 8)
+    assert profile8["flops"] == 2 * 8 ** 3 + 8 ** 2

@@ -256,3 +256,36 @@ def test_one_exporter_serves_both_ranks_of_its_node(fsdp_one_node):
         calls = sum(v for (name, labels), v in metrics.items()
                     if name == "fxflops_graph_calls_total" and dict(labels)["rank"] == rank)
         assert calls == sum(r["calls"] for g in rep["graphs"] for r in g["rows"])
+
+
+DDP_OF_SEQUENTIAL = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+compiled = torch.compile(ddp, backend=os.environ["BACKEND"])
+for _ in range(2):
+    compiled(torch.randn(4, 64)).sum().backward()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("wrap", ["ddp_of_container", "ddp_of_compiled"])
+def test_ddp_of_a_container_is_said_and_the_fix_counts(wrap, tmp_path):
+    """torch.compile(DDP(nn.Sequential)): Dynamo compiles nothing (torch's own frames are
+    skipped inside DDP): said once at exit, with the fix; the fix compiles and counts."""
+    code = DDP_OF_SEQUENTIAL
+    if wrap == "ddp_of_compiled":
+        code = code.replace("DistributedDataParallel(model)",
+                            "DistributedDataParallel(torch.compile(model, backend='fxflops'))")
+        code = code.replace("compiled = torch.compile(ddp, backend=os.environ[\"BACKEND\"])",
+                            "compiled = ddp")
+    code += "import fxflops; print('graphs', len(fxflops.recorder().graphs))\n"
+    env = base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), BACKEND="fxflops")
+    result = procs.run([sys.executable, "-c", code], env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = "compiled no graph" in result.stderr and "DDP(torch.compile(model" in result.stderr
+    if wrap == "ddp_of_container":
+        assert "graphs 0" in result.stdout and said
+    else:  # forward and backward of the compiled model: counted, nothing said
+        assert "graphs 2" in result.stdout and not said

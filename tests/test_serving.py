@@ -12,13 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +20,7 @@ import pytest
 import fxflops
 from fxflops.metrics import RecorderCollector, write_files
 from tests import procs
+from tests.vllm_server import Server, process_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,125 +63,47 @@ def test_five_thousand_sizes_stay_a_bounded_label_set(tmp_path, monkeypatch):
         assert flops == sum(2 * 4 * 4 * n for n in range(2, 5002))
 
 
+def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
+    """FXFLOPS_PROMETHEUS_PORT: the first process to bind serves every fxflops file of the
+    node's folder; another process finds the port taken and only writes; files of dead
+    processes (an earlier run's) are removed when the exporter starts."""
+    import torch
+
+    from fxflops import metrics
+    from tests.vllm_server import free_port, scrape
+
+    port = free_port()
+    folder = tmp_path / "node"
+    monkeypatch.setenv("FXFLOPS_PROMETHEUS_PORT", str(port))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("FXFLOPS_PROMETHEUS_DIR", str(folder))
+    folder.mkdir()
+    dead = procs.run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout.strip()
+    (folder / f"counter_fxflops-{dead}.db").write_bytes(b"")  # an earlier run's
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend=fxflops.backend(inner="eager"))
+    with torch.no_grad():
+        compiled(torch.randn(3, 4))
+    assert metrics.files_dir() == str(folder)
+    write_files(fxflops.recorder(), str(folder))
+    assert metrics.serve_node() is True
+    try:
+        assert not (folder / f"counter_fxflops-{dead}.db").exists()
+        got = scrape(f"http://127.0.0.1:{port}/metrics")
+        calls = [v for (name, _), v in got.items() if name == "fxflops_graph_calls_total"]
+        assert calls == [1.0]
+        # addmm by hand: 2 * 3 * 4 * 4
+        assert [v for (name, _), v in got.items() if name == "fxflops_graph_flops_total"] == \
+            [2 * 3 * 4 * 4]
+        # a second process of the node: the port is taken, it says nothing and writes on
+        taken = procs.run([sys.executable, "-c", "from fxflops import metrics; "
+                           "print(metrics.serve_node())"],
+                          env={**os.environ, "FXFLOPS_PROMETHEUS_PORT": str(port)})
+        assert taken.stdout.strip() == "False" and "cannot serve" not in taken.stderr
+    finally:
+        metrics._serving.pop(port).shutdown()
+
+
 # --- real servers -------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``vllm serve`` of the tiny model in its own process group, fxflops on."""
-
-    def __init__(self, folder: Path, cc: dict, extra: list[str] = (),
-                 env_extra: dict[str, str] | None = None) -> None:
-        sys.path.insert(0, str(ROOT / "examples"))
-        import vllm_tiny
-
-        self.out = folder / "out"
-        self.sent: list[int] = []
-        self.vllm_metrics: dict[tuple[str, tuple], float] = {}
-        self.port = free_port()
-        self.model = vllm_tiny.tiny_llama(str(folder / "model"))
-        env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
-               "FXFLOPS_OUT": str(self.out), "FXFLOPS_FLUSH_S": "1",
-               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache")}
-        for var in ("PROMETHEUS_MULTIPROC_DIR", "FXFLOPS_PROMETHEUS_DIR", "FXFLOPS_RUN_ID"):
-            env.pop(var, None)
-        env.update(env_extra or {})
-        self.log = open(folder / "server.log", "w")
-        self.proc = procs.popen(
-            [sys.executable, str(ROOT / "scripts" / "vllm_cli.py"), "serve", self.model,
-             "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
-             "--max-model-len", "512", "--gpu-memory-utilization", "0.3",
-             "--max-num-seqs", "8", "--port", str(self.port), "-cc", json.dumps(cc), *extra],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=folder)
-        deadline = time.time() + 420
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("vllm serve exited: " + self.tail())
-            try:
-                urllib.request.urlopen(self.url("/health"), timeout=5)
-                return
-            except OSError:
-                time.sleep(2)
-        self.stop()
-        raise RuntimeError("vllm serve did not come up: " + self.tail())
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def text(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return Path(self.log.name).read_text()
-
-    def tail(self) -> str:
-        return self.text()[-3000:]
-
-    def complete(self, lengths: list[int], max_tokens: int = 4) -> int:
-        """One request per prompt length, all at once (the engine batches them); prompts
-        share no prefix (prefix caching would skip tokens). Returns the tokens the
-        scheduler must run: each prompt, then one token per decode step."""
-        def send(i: int, n: int) -> None:
-            start = 1000 * (len(self.sent) + i + 1)
-            body = json.dumps({"model": self.model, "prompt": list(range(start, start + n)),
-                               "max_tokens": max_tokens, "ignore_eos": True}).encode()
-            req = urllib.request.Request(self.url("/v1/completions"), body,
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                assert json.loads(r.read())["usage"]["completion_tokens"] == max_tokens
-
-        threads = [threading.Thread(target=send, args=(i, n)) for i, n in enumerate(lengths)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        self.sent += lengths
-        return sum(n + max_tokens - 1 for n in lengths)
-
-    def scrape(self, prefix: str = "fxflops_") -> dict[tuple[str, tuple], float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = urllib.request.urlopen(self.url("/metrics"), timeout=30).read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(text) if f.name.startswith(prefix)
-                for s in f.samples}
-
-    def settled(self) -> tuple[dict, list[dict]]:
-        """/metrics and the report once the workers flushed after the last request (every
-        second, FXFLOPS_FLUSH_S=1; an idle server runs no steps, so both then hold)."""
-        from fxflops.report import load_reports
-
-        for _ in range(30):
-            time.sleep(1)
-            reports = load_reports([self.out])
-            metrics = self.scrape()
-            calls = sum(r["calls"] for rep in reports for r in rep["forward"])
-            if calls and calls == sum(v for (name, _), v in metrics.items()
-                                      if name == "fxflops_forward_calls_total"):
-                return metrics, reports
-        raise AssertionError("metrics never matched the report: " + self.tail())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
-
-
-def process_labels(report: dict) -> dict[str, str]:
-    """A process's labels: its rank, and its data, pipeline and tensor-parallel ranks and
-    node, as its report has them."""
-    ranks = report["process"].get("ranks") or {}
-    return {"rank": str(report["process"].get("rank") or 0),
-            **{k: str(ranks[k]) for k in ("dp", "pp", "tp", "node") if k in ranks}}
 
 
 def check_metrics_equal_report(metrics: dict, reports: list[dict]) -> int:
@@ -288,6 +205,24 @@ def test_padding_waste_equals_the_hand_computed_one(padded_server):
         assert metrics[("fxflops_forward_tokens_total", labels)] == size * r["calls"]
         assert metrics[("fxflops_forward_scheduled_tokens_total", labels)] == \
             r["scheduled_tokens"]
+
+
+@pytest.mark.vllm
+def test_profile_run_is_in_no_table_counter_or_tune_input(padded_server):
+    """vLLM's memory-profiling forward (max_num_batched_tokens: 2048 here) is warm-up: in
+    the JSON with its marker, and nowhere traffic is counted."""
+    from fxflops.report import flat_rows
+    from fxflops.tuning import served_sizes
+
+    _, metrics, reports, _ = padded_server
+    (report,) = reports
+    profiled = {r["size"] for g in report["graphs"] for r in g.get("warmup", [])
+                if r["warmup"] == "profile"}
+    assert profiled == {2048}
+    assert all(r["size"] != 2048 for r in flat_rows(reports))
+    assert 2048 not in {s.size for s in served_sizes(reports)}
+    assert not any(dict(labels).get("size") == "2048" for _, labels in metrics)
+    assert any(r["size"] == 2048 for r in flat_rows(reports, warmup=True))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.merge import merge_rows, merge_steps
+from fxflops.merge import merge_rows, merge_steps, merged_anything
 from fxflops.placement import label as placement_label
 from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
@@ -81,7 +81,8 @@ def report_rows(reports: list[dict[str, Any]], warmup: bool = False
     multi = any(len(ranks) > 1 for ranks in by_run.values())
     if multi:
         several = [r for r in rows if len(by_run[r["run"]]) > 1]
-        merged = merge_rows(several, reports[0].get("peak"))
+        # (a merged row of one process is that process's row again: not shown twice)
+        merged = [r for r in merge_rows(several, reports[0].get("peak")) if merged_anything(r)]
         forward_outside_share(merged)
         rows = rows + merged
     return rows, multi

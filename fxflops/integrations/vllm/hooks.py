@@ -111,7 +111,10 @@ def vllm_ranks(vllm_config: Any = None) -> dict[str, int]:
         parallel = vllm_config.parallel_config
         out["dp"] = int(getattr(parallel, "data_parallel_index", None) or
                         getattr(parallel, "data_parallel_rank", 0) or 0)
-        out["dp_size"] = int(parallel.data_parallel_size or 1)
+        # a dense model's DP engine is reconfigured as DP=1: its size as it was before
+        noted = os.environ.get(_DP_SIZE_VAR, "")
+        out["dp_size"] = max(int(parallel.data_parallel_size or 1), _DP_SIZE[0], out["dp"] + 1,
+                             int(noted) if noted.isdigit() else 1)
         out["node"] = int(getattr(parallel, "node_rank", 0) or 0)
         out["nodes"] = int(getattr(parallel, "nnodes", 1) or 1)
     except Exception:
@@ -122,10 +125,53 @@ def vllm_ranks(vllm_config: Any = None) -> dict[str, int]:
     return out
 
 
+# the data-parallel size before vLLM made a dense model's DP engine independent (DP=1);
+# handed to its workers (spawned: they see only the changed config) in the environment
+_DP_SIZE = [1]
+_DP_SIZE_VAR = "_FXFLOPS_VLLM_DP_SIZE"
+
+
+def install_dp_size_note() -> None:
+    """Keep the data-parallel size that ``reconfigure_for_independent_dp_rank`` drops (a
+    dense model's DP engines each run as DP=1, ``data_parallel_index`` their rank): noted
+    in the environment where the engine config is made (the process that starts the DP
+    engines, whose children inherit it) and where it is dropped."""
+    import sys
+
+    from vllm.config import parallel
+
+    def note(size: Any) -> None:
+        _DP_SIZE[0] = max(_DP_SIZE[0], int(size or 1))
+        if _DP_SIZE[0] > 1:
+            os.environ[_DP_SIZE_VAR] = str(_DP_SIZE[0])
+
+    def made(named: dict[str, Any], vllm_config: Any) -> None:
+        note(vllm_config.parallel_config.data_parallel_size)
+
+    method = getattr(parallel.ParallelConfig, "reconfigure_for_independent_dp_rank", None)
+    if method is not None:
+        _patch(parallel.ParallelConfig, "reconfigure_for_independent_dp_rank", "dp-size",
+               lambda original: passthrough(
+                   original, before=lambda named: note(named["self"].data_parallel_size),
+                   what="DP size"))
+    arg_utils = sys.modules.get("vllm.engine.arg_utils")  # imported by then where it is used
+    if arg_utils is not None:
+        _patch(arg_utils.EngineArgs, "create_engine_config", "dp-size",
+               lambda original: passthrough(original, after=made, what="DP size"))
+
+
 def _note_rank(vllm_config: Any = None) -> None:
     ranks = vllm_ranks(vllm_config)
     if "tp" in ranks:
-        info = recorder().info
+        rec = recorder()
+        info = rec.info
+        if ranks.get("nodes", 1) > 1 and "ranks" not in info:
+            # many nodes, each started apart (its own run id): the job's one, from the
+            # store of vLLM's process group (every worker of every node reads the same)
+            from fxflops.placement import shared_run_id
+
+            rec.run_id = shared_run_id(rec.run_id) or rec.run_id
+            os.environ[config.RUN_ID.name] = rec.run_id
         info["ranks"] = {**info.get("ranks", {}), **ranks}
         info["rank"] = ranks["rank"]
 

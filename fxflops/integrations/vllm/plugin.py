@@ -33,6 +33,7 @@ def register() -> None:
         config.run_id()  # set before vLLM starts its engine and workers: they inherit it
         _settings_reach_ray_workers()
         _collect_worker_metrics()
+        _install_dp_size_note()
         _install_backend_name_shim()
         _install_census()
         if enabled():
@@ -116,6 +117,16 @@ def _settings_reach_ray_workers() -> None:
     prefixes = [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
     if "FXFLOPS" not in prefixes:
         os.environ[name] = ",".join([*prefixes, "FXFLOPS"])
+
+
+def _install_dp_size_note() -> None:
+    """Before the engine exists (its DP engines forget their size as they start)."""
+    if "dp-size" in _installed:
+        return
+    from fxflops.integrations.vllm import hooks
+
+    hooks.install_dp_size_note()
+    _installed.add("dp-size")
 
 
 def _install_census() -> None:
