@@ -35,7 +35,8 @@ from fxflops.session import recorder
 
 def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inner: str,
                    name: str, meta: dict[str, Any], options: dict[str, Any],
-                   inductor_patches: dict[str, Any] | None = None) -> Callable[..., Any]:
+                   inductor_patches: dict[str, Any] | None = None,
+                   kernels: int | None = None) -> Callable[..., Any]:
     """Compile a Dynamo graph that needs gradients with ``inner`` ("inductor" or
     "aot_eager"), instrumenting each graph AOTAutograd makes of it.
 
@@ -43,7 +44,7 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
     ``{index}``), as the Dynamo graph would be without gradients; its backward as
     ``<that name>.backward``. Both carry ``meta["phase"]`` and ``meta["source"]`` (the
     forward's name). ``inductor_patches``: Inductor's config (torch.compile's ``mode`` and
-    ``options``).
+    ``options``); ``kernels``: map (and profile) each graph's Inductor kernels.
     """
     # a static graph's size label is read from the Dynamo graph's first data input (the
     # aten graphs' inputs are all "primals_<n>", weights and data alike): forward and
@@ -64,7 +65,8 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
             graph_name = name
         # registered and dumped before compiling (Inductor's passes rewrite the graph)
         wrapped = wrap_graph(compile_graph, graph_name, {**meta, "phase": phase}, gm=graph,
-                             backward=phase == "backward", static_size=source_size, boxed=True)
+                             backward=phase == "backward", static_size=source_size, boxed=True,
+                             kernels=kernels if inner == "inductor" else None)
         record = getattr(wrapped, "record", None)
         registered = record.name if record is not None else wrapped.entry.name
         if phase != "backward":

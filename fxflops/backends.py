@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from fxflops import distributed
+from fxflops import config, distributed
+from fxflops import kernels as kernel_module
 from fxflops.analysis import analysis_version, analyze
 from fxflops.binder import static_size
 from fxflops.cost import GraphCost
@@ -33,6 +34,7 @@ from fxflops.session import host_raised, recorder
 from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
+    from fxflops.kernels import KernelCost, Shape
     from fxflops.stats import SizeStats
     from fxflops.timing import CudaEventTimer
 
@@ -57,6 +59,9 @@ class GraphPlan:
     static_size: int | str
     device: str  # "cuda" or "cpu": which clock times the calls
     analysed_by: str = ""  # analysis_version() of the code that made ``cost``
+    # the kernels Inductor generated for it, with their costs (fxflops.kernels); None: not
+    # mapped (the feature off, another inner backend)
+    kernels: list[KernelCost] | None = None
 
 
 class NotInstrumentable(ValueError):
@@ -75,12 +80,19 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, 
     return GraphPlan(cost, static_size(gm), device, analysis_version())
 
 
+def kernels_setting(explicit: int | None = None) -> int | None:
+    """Kernel maps and profiling: ``backend(kernels=N)``, else ``FXFLOPS_KERNELS``; None:
+    off (nothing is captured, nothing changes on the call path)."""
+    return explicit if explicit is not None else config.KERNELS.get()
+
+
 def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any], *,
                gm: torch.fx.GraphModule | None = None,
                example_inputs: Sequence[Any] | None = None,
                graph_plan: GraphPlan | None = None, backward: bool = False,
                static_size: int | str | None = None, boxed: bool = False,
-               dynamo: bool = False) -> Any:
+               dynamo: bool = False, kernels: int | None = None,
+               kernel_maps: tuple[Shape, list[dict[str, Any]]] | None = None) -> Any:
     """The one way a graph is instrumented.
 
     Analyse ``gm`` (unless ``graph_plan`` is given: an artifact loaded from a cache),
@@ -92,9 +104,14 @@ def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any]
     What ``compile_inner`` raises is the inner compile's and propagates (Dynamo's restarts
     among it). When fxflops itself fails, the inner callable runs as compiled, and the
     report names the graph, says why and counts its calls; warned once.
+
+    ``kernels`` (``kernels_setting``): map the graph's nodes to the kernels Inductor makes
+    of it (captured while ``compile_inner`` runs, or given in ``kernel_maps`` where the
+    compile ran before: vLLM's pieces), and profile that many calls per size.
     """
     record: GraphRecord | None = None
     failure: BaseException | None = None
+    shape = None
     try:
         graph_plan = graph_plan or plan(gm, example_inputs, backward=backward)  # type: ignore[arg-type]
         if static_size is not None:
@@ -103,26 +120,61 @@ def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any]
             raise NotInstrumentable("its size symbols are in no input's shape (sizes read "
                                     "from tensor data, as .item() makes them)")
         record = _register(graph_plan, name, meta, gm)
+        if kernels is not None and gm is not None and kernel_maps is None:
+            shape = kernel_module.snapshot(gm)  # before Inductor's passes rewrite it
     except Exception as e:
         if host_raised(e):
             raise
         failure = e
     try:
-        compiled = compile_inner()
+        if shape is not None:
+            with kernel_module.capture() as captured, kernel_module.fresh_provenance(backward):
+                compiled = compile_inner()
+            kernel_maps = (shape, captured.maps())
+        else:
+            compiled = compile_inner()
     except BaseException:
         if record is not None:
             recorder().unregister(record)
         raise
+    if record is not None and graph_plan is not None and kernel_maps is not None:
+        _map_kernels(graph_plan, record, kernel_maps, pre_grad=not boxed)
     if record is not None and graph_plan is not None:
         try:
+            if record.kernels is None and graph_plan.kernels is not None:
+                record.kernels = graph_plan.kernels  # an artifact's, loaded with its plan
             return InstrumentedGraph(compiled, record, graph_plan,
-                                     make_timer(graph_plan.device), boxed=boxed, dynamo=dynamo)
+                                     make_timer(graph_plan.device), boxed=boxed, dynamo=dynamo,
+                                     kernels=kernels_setting(kernels) if graph_plan.kernels
+                                     else None)
         except Exception as e:
             if host_raised(e):
                 raise
             recorder().unregister(record)
             failure = e
     return uninstrumented(compiled, name, failure, boxed=boxed)
+
+
+def _map_kernels(graph_plan: GraphPlan, record: GraphRecord,
+                 kernel_maps: tuple[Shape, list[dict[str, Any]]], pre_grad: bool) -> None:
+    """The graph's kernels and their costs, from the provenance mapping Inductor emitted
+    for it (the last one: the graph's own, after any it compiled inside)."""
+    shape, maps = kernel_maps
+    if not maps:
+        warn_once("kernels:nomap", "fxflops: no kernel map for graph %s (Inductor emitted no "
+                  "provenance mapping: another inner backend, or an artifact compiled without "
+                  "it)", record.name)
+        return
+    try:
+        graph_plan.kernels = kernel_module.kernel_costs(graph_plan.cost, shape, maps[-1],
+                                                        pre_grad=pre_grad)
+        record.kernels = graph_plan.kernels
+        _dump(None, record)  # again: each node with its kernel
+    except Exception as e:
+        if host_raised(e):
+            raise
+        warn_once(f"kernels:{type(e).__name__}", "fxflops: kernels of graph %s not mapped "
+                  "(%s: %s)", record.name, type(e).__name__, e)
 
 
 def uninstrumented(compiled: Any, name: str, failure: BaseException | None, *,
@@ -179,7 +231,7 @@ def device_name(device: str) -> str:
     return f"cpu:{platform.processor() or platform.machine()}"
 
 
-def _dump(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
+def _dump(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
     try:
         from fxflops.dump import dump_graph
 
@@ -261,7 +313,7 @@ class InstrumentedGraph(_Serializable):
 
     def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
                  timer: CudaEventTimer | None = None, boxed: bool = False,
-                 dynamo: bool = False) -> None:
+                 dynamo: bool = False, kernels: int | None = None) -> None:
         self.inner = inner
         self._run = _callable_of(inner, dynamo)
         self.record = record
@@ -275,7 +327,10 @@ class InstrumentedGraph(_Serializable):
         for kind in record.runtime_kinds:
             coster(kind)
         self._runtime = bool(record.runtime_kinds)
-        special = self._runtime or timer is not None
+        # kernel profiling (``kernels=N``, a mapped graph): N calls per size go through
+        # torch.profiler; every call takes the special path while it is on
+        self._kernels_n = kernels if kernels and record.kernels else None
+        special = self._runtime or timer is not None or self._kernels_n is not None
         # a backward graph notes the backward pass it runs in (steps are counted so)
         self._passes = record.passes if record.meta.get("phase") == "backward" else None
         # the same object, with the __call__ it needs (one that does more than read the
@@ -325,11 +380,30 @@ class InstrumentedGraph(_Serializable):
                 raise
             return self._give_up(e, args)
         call_args = (args,) if self.boxed else args
+        if self._kernels_n is not None and row is not self.record.overflow and (
+                row.kernel_profile is None or row.kernel_profile.calls < self._kernels_n):
+            return self._profile(call_args, row)
         if self._timer is not None:
             return self._timer.time_call(self._run, call_args, row)
         t0 = _now()
         out = self._run(*call_args)
         row.add(_now() - t0)
+        return out
+
+    def _profile(self, call_args: Sequence[Any], row: SizeStats) -> Any:
+        """One call under torch.profiler, its kernels' times noted (``kernels=N``)."""
+        def call() -> Any:
+            if self._timer is not None:
+                return self._timer.time_call(self._run, call_args, row)
+            t0 = _now()
+            out = self._run(*call_args)
+            row.add(_now() - t0)
+            return out
+
+        out, profiled = kernel_module.profile(call, row, self.record.kernels or [],
+                                              self.plan.device)
+        if not profiled:  # the calls run on as before, timed
+            self._kernels_n = None
         return out
 
     def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
@@ -519,9 +593,10 @@ class FxflopsBackend:
     """A configured backend: ``fxflops.backend(inner="inductor")``."""
 
     def __init__(self, inner: str | Callable[..., Any] = "inductor", name: str | None = None,
-                 **options: Any) -> None:
+                 kernels: int | None = None, **options: Any) -> None:
         self.inner = inner
         self.name = name
+        self.kernels = kernels
         self.options = options
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -534,9 +609,13 @@ class FxflopsBackend:
         patches = inductor_patches(mode, options) if self.inner == "inductor" else {}
         if self.inner != "inductor":  # another backend takes them as it would unwrapped
             kwargs.update({k: v for k, v in (("mode", mode), ("options", options)) if v})
+        # kernels: Inductor's (another inner generates none to map)
+        kernels = kernels_setting(self.kernels) if self.inner == "inductor" else None
+        if kernels is not None:
+            patches.update(kernel_module.inductor_patches())
         if needs_grad(gm, example_inputs):
             if self.inner in PHASED_INNERS:
-                return self._compile_phases(gm, example_inputs, kwargs, patches)
+                return self._compile_phases(gm, example_inputs, kwargs, patches, kernels)
             warn_once(f"backward:{_inner_name(self.inner)}", "fxflops: inner backend %s: "
                       "only forward graphs are counted and timed (backward graphs are for "
                       "inductor and aot_eager)", _inner_name(self.inner))
@@ -549,17 +628,18 @@ class FxflopsBackend:
             return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
 
         return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(gm), gm=gm,
-                          dynamo=True)
+                          dynamo=True, kernels=kernels)
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                        kwargs: dict[str, Any], patches: dict[str, Any]) -> Callable[..., Any]:
+                        kwargs: dict[str, Any], patches: dict[str, Any],
+                        kernels: int | None) -> Callable[..., Any]:
         """A graph that needs gradients: its forward and backward graphs, one level down."""
         from fxflops.autograd import compile_phases
 
         # not in a try: what the compile raises is the inner backend's (Dynamo's restarts
         # among it, which must reach Dynamo); fxflops' own failures are caught inside
         return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
-                              self._meta(gm), kwargs, patches)
+                              self._meta(gm), kwargs, patches, kernels)
 
     def _meta(self, gm: torch.fx.GraphModule) -> dict[str, Any]:
         """The inner backend, and the Python frame Dynamo compiled: graphs of one frame
@@ -587,12 +667,14 @@ def _inner_name(inner: Any) -> str:
 
 
 def backend(inner: str | Callable[..., Any] = "inductor", name: str | None = None,
-            **options: Any) -> FxflopsBackend:
+            kernels: int | None = None, **options: Any) -> FxflopsBackend:
     """A ``torch.compile`` backend that instruments ``inner`` ("inductor", "eager", a callable).
 
-    ``name`` may use ``{index}``; extra ``options`` are passed to the inner backend.
+    ``name`` may use ``{index}``; ``kernels=N``: map each node to its Inductor kernel and
+    profile N calls per size (0: the map only; default ``FXFLOPS_KERNELS``, off); extra
+    ``options`` are passed to the inner backend.
     """
-    return FxflopsBackend(inner, name, **options)
+    return FxflopsBackend(inner, name, kernels, **options)
 
 
 def fxflops_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

@@ -74,6 +74,15 @@ def _peak(raw: str) -> float | None:
     return value
 
 
+def _count(raw: str) -> int | None:
+    if not raw.strip():
+        return None
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError("must be a whole number, 0 or more")
+    return value
+
+
 def _port(raw: str) -> int | None:
     if not raw.strip():
         return None
@@ -119,6 +128,10 @@ RUN_ID = Variable("FXFLOPS_RUN_ID", _text, None,
 DUMP_DIR = Variable("FXFLOPS_DUMP_DIR", _text, None,
                     "another folder for the annotated graph dumps (vLLM: set to "
                     "`<debug_dump_path>/rank_*/fxflops`)")
+KERNELS = Variable("FXFLOPS_KERNELS", _count, None,
+                   "map every node to the Inductor kernel it ran in, and profile N calls per "
+                   "size under `torch.profiler` for each kernel's time (0: the map only; see "
+                   "[kernels.md](kernels.md))")
 PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
                      "export Prometheus counters (written at each flush; under vLLM they show "
                      "in its `/metrics`, see [serving.md](serving.md))")
@@ -135,7 +148,7 @@ PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
                             "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, PROMETHEUS,
+                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, KERNELS, PROMETHEUS,
                                    PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
 
 

@@ -40,13 +40,19 @@ def _fmt(count: Count, binding: Mapping[Any, int] | None, unit: str) -> str:
 
 
 def annotate(lines: list[str], cost: GraphCost, name: str,
-             binding: Mapping[Any, int] | None = None, size: Any = None) -> str:
+             binding: Mapping[Any, int] | None = None, size: Any = None,
+             kernels: list[Any] | None = None) -> str:
     """The graph's source with a cost comment on every costed node and a header of totals.
 
     With ``binding`` (a size), every figure is a number; without, dynamic graphs show the
-    expressions of their size symbols.
+    expressions of their size symbols. With ``kernels`` (``fxflops.kernels``): each node
+    says the kernel(s) Inductor computed it in, and the header lists every kernel's cost.
     """
     by_name: dict[str, NodeCost] = {n.name: n for n in cost.nodes}
+    kernel_of: dict[str, list[str]] = {}
+    for k in kernels or []:
+        for node in k.nodes:
+            kernel_of.setdefault(node, []).append(k.name)
     flops_total = evaluate(cost.flops, binding or {}) if binding is not None or \
         not cost.symbols else None
 
@@ -75,8 +81,35 @@ def annotate(lines: list[str], cost: GraphCost, name: str,
             if n.module:
                 parts.append(n.module)
             line = f"{line}  # {'; '.join(parts)}"
+        if n is not None and kernels is not None:
+            line += ("  # " if "  # " not in line else "; ") + (
+                "kernel " + ", ".join(kernel_of[n.name]) if n.name in kernel_of
+                else "in no kernel")
         out.append(line)
-    return header(cost, name, binding, size) + "\n".join(out) + "\n"
+    return header(cost, name, binding, size) + kernel_header(kernels, binding) + \
+        "\n".join(out) + "\n"
+
+
+def kernel_header(kernels: list[Any] | None, binding: Mapping[Any, int] | None) -> str:
+    """The kernels Inductor made of the graph, in the order it runs them, with their
+    FLOPs, matmul FLOPs and boundary bytes (at the size, or as expressions)."""
+    if not kernels:
+        return ""
+    lines = [f"# kernels ({len(kernels)}, in the order they run):"]
+    if binding is not None:
+        from fxflops.kernels import at_size
+
+        for k, fig in zip(kernels, at_size(kernels, binding)):
+            intensity = fig["flops"] / fig["bytes"] if fig["bytes"] else 0.0
+            lines.append(f"#   {k.name:<44} {human(fig['flops'], 'FLOP')}"
+                         f"{' (matmul)' if fig['matmul_flops'] else ''}, "
+                         f"{human(fig['bytes'], 'B')}, {intensity:.1f} FLOP/B; "
+                         f"{len(k.nodes)} nodes")
+    else:
+        for k in kernels:
+            lines.append(f"#   {k.name:<44} {_fmt(k.flops, None, 'FLOP')}, "
+                         f"{_fmt(k.bytes, None, 'B')}; {len(k.nodes)} nodes")
+    return "\n".join(lines) + "\n\n"
 
 
 def header(cost: GraphCost, name: str, binding: Mapping[Any, int] | None, size: Any) -> str:
@@ -118,11 +151,14 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def dump_graph(gm: torch.fx.GraphModule, record: GraphRecord) -> None:
-    """Dump the symbolic annotation now; sized dumps follow as sizes are seen."""
-    lines = readable_source(gm)
+def dump_graph(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
+    """Dump the symbolic annotation now; sized dumps follow as sizes are seen. ``gm``
+    None: the graph dumped before, again (its kernels are known now)."""
+    lines = readable_source(gm) if gm is not None else _LISTINGS.get(record)
+    if lines is None:
+        return
     _LISTINGS[record] = lines
-    text = annotate(lines, record.cost, record.name)
+    text = annotate(lines, record.cost, record.name, kernels=record.kernels)
     # FXFLOPS_DUMP_DIR: set by the vLLM integration to sit beside depyf's dump
     dirs = [d for d in (_out_dir(), config.DUMP_DIR.get()) if d]
     for d in dirs:
@@ -158,7 +194,7 @@ def dump_sizes(record: GraphRecord) -> None:
         if raw_key in done:
             continue
         binding = dict(zip(record.cost.symbols, row.key))
-        text = annotate(lines, record.cost, record.name, binding, row.size)
+        text = annotate(lines, record.cost, record.name, binding, row.size, record.kernels)
         atomic_text(text, os.path.join(out, f"{_safe(record.name)}.size{_safe(str(row.size))}.py"))
         done.add(raw_key)
 

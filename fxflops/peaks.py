@@ -76,13 +76,65 @@ def match_device(name: str) -> Peak | None:
     return None
 
 
+def measured_path() -> str:
+    """Where ``fxflops peak --measure`` keeps what it measured on this host:
+    ``$XDG_CACHE_HOME/fxflops/peak-HOST.json`` (``~/.cache`` by default)."""
+    import os
+    import socket
+
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fxflops", f"peak-{socket.gethostname()}.json")
+
+
+def save_measured(device_name: str, tflops: dict[str, float], gbps: float) -> str:
+    """Keep a measured peak (matmul TFLOP/s per dtype, copy GB/s) for this device."""
+    import json
+    import os
+    import time
+
+    from fxflops.util import atomic_text
+
+    path = measured_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[device_name] = {"tflops": tflops, "gbps": gbps, "measured_at": time.time()}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_text(json.dumps(data, indent=1), path)
+    return path
+
+
+def load_measured(device_name: str) -> dict[str, Any] | None:
+    """The peak measured for this device on this host (``fxflops peak --measure``)."""
+    import json
+
+    try:
+        with open(measured_path()) as f:
+            entry = json.load(f).get(device_name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("tflops"), dict):
+        return None
+    return entry
+
+
 def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, Any]:
-    """``{"tflops", "gbps", "source"}`` for this device and dtype; env overrides the table."""
+    """``{"tflops", "gbps", "source"}`` for this device and dtype: the table's (a known
+    device), else what ``fxflops peak --measure`` measured here (source ``measured``); the
+    environment overrides both."""
     tflops = gbps = None
     source = "none"
     peak = match_device(device_name) if device_name else None
     if peak is not None:
         tflops, gbps, source = peak.tflops_for(dtype), peak.gbps, f"table:{peak.name}:{dtype}"
+    elif device_name:
+        measured = load_measured(device_name)
+        if measured is not None and measured["tflops"].get(dtype):
+            tflops, gbps, source = measured["tflops"][dtype], measured.get("gbps"), "measured"
     env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
     if env_t:
         tflops, source = env_t, "env"

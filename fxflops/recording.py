@@ -59,6 +59,8 @@ class GraphRecord:
         self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the process's backward passes (a backward graph's calls note theirs there)
         self.passes = BackwardPasses()
+        # the kernels Inductor made of it (fxflops.kernels.KernelCost), when mapped
+        self.kernels: list[Any] | None = None
         self.max_sizes = config.MAX_SIZES.get()
         # calls at sizes past ``max_sizes``: counted and timed here, not per size
         self.overflow = SizeStats((), "overflow")

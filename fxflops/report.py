@@ -11,6 +11,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost import CostAt, Count, Rollup
@@ -83,6 +84,9 @@ _FIGURES: weakref.WeakKeyDictionary[SizeStats, tuple[Any, dict[str, Any]]] = \
 _SUMMARIES: weakref.WeakKeyDictionary[GraphRecord, dict[str, Any]] = weakref.WeakKeyDictionary()
 _FLOPS_AT: weakref.WeakKeyDictionary[Recorder, tuple[int, dict[int, int | None]]] = \
     weakref.WeakKeyDictionary()
+# a row's kernels' static figures (evaluated once per size)
+_KERNELS_AT: weakref.WeakKeyDictionary[SizeStats, list[dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
@@ -123,6 +127,50 @@ def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
                           peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
     _FIGURES[row] = (stamp, fig)
     return fig
+
+
+def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A row's kernels (``fxflops.kernels``): FLOPs, matmul FLOPs and boundary bytes at its
+    size (adding up to the row's FLOPs exactly: its run-time FLOPs go to the kernels that
+    hold run-time nodes), and where profiled each kernel's median time, rates and roofline;
+    with the profiled calls' median and what the kernels leave of it (the wrapper's)."""
+    from fxflops.kernels import at_size, runtime_shares
+
+    kernels = g.kernels or []
+    static = _KERNELS_AT.get(row)
+    if static is None:
+        static = _KERNELS_AT[row] = at_size(kernels, dict(zip(g.cost.symbols, row.key)))
+    runtime = runtime_shares(kernels, fig["runtime_flops"])
+    prof = row.kernel_profile
+    out = []
+    for k, s, extra in zip(kernels, static, runtime):
+        entry = {**s, "flops": s["flops"] + extra,
+                 "matmul_flops": s["matmul_flops"] + (extra if k.runtime_coeff != 0 else 0)}
+        entry["intensity"] = entry["flops"] / entry["bytes"] if entry["bytes"] else None
+        samples = prof.samples.get(k.name) if prof is not None else None
+        if samples:
+            entry["median_ms"] = median(samples) / 1e6
+            entry.update(throughput(entry["flops"], entry["matmul_flops"], entry["bytes"],
+                                    entry["median_ms"] / 1e3, peak.get("tflops"),
+                                    peak.get("gbps"), 0))
+        out.append(entry)
+    result: dict[str, Any] = {"kernels": out}
+    if prof is not None and prof.calls:
+        # per call, its kernels' time is within the call's: the medians keep that order
+        kernels_ms = median(prof.kernels_ns) / 1e6
+        call_ms = median(prof.call_ns) / 1e6
+        result["kernels_profile"] = {
+            "calls": prof.calls, "median_ms": call_ms, "kernels_ms": kernels_ms,
+            # what the kernels leave of the call: the wrapper's (argument checks, buffer
+            # allocation, Python) and the profiler's own
+            "overhead_ms": max(0.0, call_ms - kernels_ms), "unmatched": prof.unmatched,
+            # the first calls' timelines (fxflops trace): each call's length, and its
+            # kernels' start (from the profile's first event) and length
+            "trace": [{"dur_us": call_ns / 1e3, "kernels": [
+                {"kernel": name, "start_us": start / 1e3, "dur_us": ns / 1e3}
+                for name, start, ns in found]} for call_ns, found in prof.trace]}
+    return result
 
 
 def size_order(size: Any) -> tuple[Any, ...]:
@@ -211,7 +259,7 @@ def _general_flops(rec: Recorder) -> Callable[[int], int | None]:
 def graph_summary(g: GraphRecord) -> dict[str, Any]:
     """What a report says of a graph apart from its rows (it never changes: made once)."""
     summary = _SUMMARIES.get(g)
-    if summary is None:
+    if summary is None or (g.kernels and "kernels" not in summary):  # mapped since
         c = g.cost
         summary = _SUMMARIES[g] = {
             "id": g.id, "name": g.name, "fingerprint": c.fingerprint(), "nodes": c.num_nodes,
@@ -227,6 +275,11 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
                 {"layer": e.layer, "type": e.type_name, "kind": e.kind, "ops": list(e.ops),
                  "flops": _count(e.flops)} for e in c.estimated]},
         }
+        if g.kernels:  # the kernels Inductor made of it, each with its nodes and costs
+            summary["kernels"] = [
+                {"kernel": k.name, "order": k.order, "extern": k.extern, "nodes": list(k.nodes),
+                 "flops": _count(k.flops), "matmul_flops": _count(k.matmul_flops),
+                 "bytes": _count(k.bytes)} for k in g.kernels]
     return summary
 
 
@@ -236,10 +289,13 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     passes = rec.backward_passes.by_size
 
     def graph_row(g: GraphRecord, r: SizeStats) -> dict[str, Any]:
+        fig = row_figures(r, peak)
+        if g.kernels and r is not g.overflow:
+            fig = {**fig, **kernel_figures(g, r, fig, peak)}
         if g.meta.get("phase") != "backward":
-            return row_figures(r, peak)
+            return fig
         # the process's backward passes at this size: what a step's figures divide by
-        return {**row_figures(r, peak), "backward_passes": passes.get(r.size, 0)}
+        return {**fig, "backward_passes": passes.get(r.size, 0)}
 
     graphs = [{**graph_summary(g), "dropped_sizes": g.dropped_sizes,
                "rows": [graph_row(g, r) for r in sorted_rows(g.all_rows())],
@@ -329,7 +385,8 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
     "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),
-    "estimated_flops": _NUMBER, "backward_passes": (int,),
+    "estimated_flops": _NUMBER, "backward_passes": (int,), "kernels": (list,),
+    "kernels_profile": (dict,),
     "collective_bytes_total": (int,),
     # what flat_rows and the CLI add to a row: a row's own would override them, so they
     # must be what the CLI groups by and prints (hashable, text)
@@ -346,7 +403,7 @@ _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
     # an int for a static graph, else the expression of its size symbols
     "flops": (int, str), "matmul_flops": (int, str), "bytes_io": (int, str),
     "bytes_nodes": (int, str), "runtime_ops": (list,), "by_op": (list,), "by_module": (list,),
-    "layers": (dict,), "warmup": (list,)}
+    "layers": (dict,), "warmup": (list,), "kernels": (list,)}
 _LAYERS_OPTIONAL: dict[str, tuple[type, ...]] = {"checked": (int,), "estimated": (list,)}
 _UNINSTRUMENTED_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "reason": (str,), "calls": (int,)}

@@ -21,7 +21,7 @@ class SizeStats:
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
-                 "runtime_groups", "scheduled", "captured", "__weakref__")
+                 "runtime_groups", "scheduled", "captured", "kernel_profile", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -54,6 +54,8 @@ class SizeStats:
         self.scheduled: dict[int, int] | None = None
         # whole forwards only: how many ran as CUDA-graph replays (vLLM's runtime mode)
         self.captured = 0
+        # the calls profiled per kernel (fxflops.kernels.KernelProfile), when asked
+        self.kernel_profile: Any = None
 
     def add(self, ns: int) -> None:
         """A call that returned after ``ns``: its sample is in place before it is counted

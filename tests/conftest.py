@@ -1,10 +1,16 @@
 import logging
+import os
 import sys
+import tempfile
 
 import pytest
 import torch
 
 import fxflops
+
+# a peak measured on this host (``fxflops peak --measure``) must not change what the tests
+# see: the suite and every process it starts keep their own cache folder
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fxflops-test-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -46,11 +46,11 @@ def non_negative_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fxflops.cli import compare, demo, peak, plot, report, tune
+    from fxflops.cli import compare, demo, peak, plot, report, trace, tune
 
     parser = OneLineParser(prog="fxflops", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for module in (demo, report, compare, tune, plot, peak):
+    for module in (demo, report, compare, tune, plot, trace, peak):
         module.add_parser(sub)
     return parser
 

@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="matmul size (default: 8192 GPU, 1024 CPU)")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"),
                    help="default: bf16 on a GPU, fp32 on a CPU")
+    p.add_argument("--measure", action="store_true",
+                   help="measure a GEMM per dtype and a copy, and keep them as this device's "
+                   "peak (source 'measured': MFU and rooflines where no table knows it)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     device = "cuda" if cuda else "cpu"
     dtype = args.dtype or ("bf16" if cuda else "fp32")
     n = args.n or (8192 if cuda else 1024)
+    if args.measure:
+        return _measure_and_keep(device, n)
     name = torch.cuda.get_device_name() if cuda else "cpu"
     table = current_peak(name if cuda else None, dtype)
     tflops, gbps = measure(device, dtype, n)
@@ -70,4 +75,32 @@ def run(args: argparse.Namespace) -> int:
     if table["tflops"]:
         print(f"matmul MFU of the measured peak: {tflops / table['tflops']:.1%}")
     print(f"use: FXFLOPS_PEAK_TFLOPS={tflops:.3g} FXFLOPS_PEAK_GBPS={gbps:.4g}")
+    return 0
+
+
+def _measure_and_keep(device: str, n: int) -> int:
+    """``--measure``: a GEMM per dtype and a copy; kept for this device (``peaks``)."""
+    from fxflops.backends import device_name
+    from fxflops.peaks import match_device, save_measured
+
+    name = device_name(device)
+    dtypes = ("bf16", "fp16", "fp32") if device == "cuda" else ("fp32", "bf16")
+    tflops: dict[str, float] = {}
+    gbps = 0.0
+    for dtype in dtypes:
+        tflops[dtype], copy = measure(device, dtype, n)
+        gbps = max(gbps, copy)
+    path = save_measured(name, tflops, gbps)
+    table = match_device(name)
+    print(f"device: {name}  matmul {n}x{n}  (kept in {path})")
+    for dtype, value in tflops.items():
+        datasheet = table.tflops_for(dtype) if table is not None else None
+        side = f"   datasheet {datasheet} TFLOP/s ({value / datasheet:.0%} attained)" \
+            if datasheet else ""
+        print(f"  {dtype}: measured {value:.3f} TFLOP/s{side}")
+    side = f"   datasheet {table.gbps} GB/s" if table is not None and table.gbps else ""
+    print(f"  copy: measured {gbps:.1f} GB/s{side}")
+    if table is None:
+        print("this device's peak is now the measured one (source 'measured') for every "
+              "fxflops run on this host: MFU and rooflines use it")
     return 0

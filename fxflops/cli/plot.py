@@ -21,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", help="report files or folders")
     p.add_argument("-o", "--output", default="fxflops.png",
                    help="image to write: PNG, or the format its suffix names (.svg, .pdf)")
+    p.add_argument("--kernels", action="store_true",
+                   help="a roofline with one point per kernel and size (FXFLOPS_KERNELS runs)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         raise ReportError(f"{len(runs)} runs given: plot one run at a time "
                           "(fxflops report shows which files belong to which)")
+    if args.kernels:
+        return _plot_kernels(plt, reports, args.output, skipped)
     merged = merge_rows(flat_rows(reports), reports[0].get("peak"))
     rows = [r for r in merged if tokens(r) is not None]
     # calls past FXFLOPS_MAX_SIZES have no one size: said under the figure, not dropped
@@ -114,4 +118,50 @@ def run(args: argparse.Namespace) -> int:
     plt.close(fig)
     write_output(args.output, buf.getvalue())  # the path named, and no other
     print(f"wrote {args.output}")
+    return 3 if skipped else 0
+
+
+def _plot_kernels(plt: Any, reports: list[dict[str, Any]], output: str, skipped: list[str]
+                  ) -> int:
+    """One point per profiled kernel and size: its arithmetic intensity (FLOP per byte at
+    its boundary) against its GFLOP/s, under the roofline of the peak."""
+    points = [(g["name"], row["size"], k) for rep in reports for g in rep["graphs"]
+              for row in g["rows"] for k in row.get("kernels") or []
+              if k.get("median_ms") and k.get("bytes") and k.get("flops")]
+    if not points:
+        raise ReportError("no profiled kernels to plot: run with FXFLOPS_KERNELS=N (or "
+                          "fxflops.backend(kernels=N)) to profile N calls per size")
+    peak = reports[0].get("peak") or {}
+    fig, ax = plt.subplots(figsize=(9, 6))
+    by_kernel: dict[str, list[tuple[float, float, Any]]] = defaultdict(list)
+    for graph, size, k in points:
+        by_kernel[f"{graph}:{k['kernel']}"].append(
+            (k["flops"] / k["bytes"], k["flops"] / (k["median_ms"] / 1e3) / 1e9, size))
+    for name, pts in sorted(by_kernel.items()):
+        xs, ys, sizes = zip(*pts)
+        ax.scatter(xs, ys, label=_label(name), s=18)
+        for x, y, size in pts:
+            ax.annotate(str(size), (x, y), fontsize=6)
+    if peak.get("tflops") and peak.get("gbps"):
+        import numpy as np
+
+        grid = np.logspace(-2, 4, 200)
+        ax.plot(grid, np.minimum(peak["tflops"] * 1e3, grid * peak["gbps"]), "k--",
+                label=_label(f"roofline ({peak.get('source')})"))
+        ax.set_title("kernels against the roofline")
+    else:
+        ax.set_title("kernels (no peak known: set FXFLOPS_PEAK_TFLOPS/GBPS, or run "
+                     "fxflops peak --measure)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOP per byte (at the kernel's boundary)")
+    ax.set_ylabel("GFLOP/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=image_format(output, fig.canvas.get_supported_filetypes()), dpi=110)
+    plt.close(fig)
+    write_output(output, buf.getvalue())
+    print(f"wrote {output}: {len(points)} kernel points")
     return 3 if skipped else 0

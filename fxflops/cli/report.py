@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fxflops.cli.main import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
 from fxflops.merge import merge_rows, merge_steps, merged_anything
 from fxflops.placement import label as placement_label
@@ -26,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", help="report files or folders of them")
     p.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-' for stdout)")
     p.add_argument("--csv", metavar="OUT", help="write the rows as CSV ('-' for stdout)")
+    p.add_argument("--kernels", type=positive_int, nargs="?", const=10, default=None,
+                   metavar="N", help="per graph and size, its N slowest kernels (default 10) "
+                   "and those furthest from the roofline (FXFLOPS_KERNELS runs)")
     p.add_argument("--warmup", action="store_true",
                    help="show the warm-up rows too (vLLM's profile run, warm-up compiles, "
                    "CUDA-graph capture: left out by default, they are not traffic)")
@@ -109,10 +113,55 @@ def run(args: argparse.Namespace) -> int:
     for run_name, run_reports in sorted(runs.items(), key=lambda kv: _started(kv[1])):
         _print_run(console, run_name, run_reports, [r for r in rows if r["run"] == run_name],
                    multi)
+    if args.kernels:
+        print_kernels(console, reports, args.kernels)
     if skipped:
         console.print(f"[yellow]{len(skipped)} file(s) skipped (listed on stderr)")
         return EXIT_SKIPPED
     return 0
+
+
+def print_kernels(console: Console, reports: list[dict[str, Any]], limit: int) -> None:
+    """Per graph and size with kernels (``FXFLOPS_KERNELS``): the slowest ``limit`` kernels
+    (by FLOPs where none was profiled) and the furthest from their roofline."""
+    shown = 0
+    for rep in reports:
+        for g in rep["graphs"]:
+            for row in g["rows"]:
+                kernels = row.get("kernels")
+                if not kernels:
+                    continue
+                shown += 1
+                prof = row.get("kernels_profile")
+                title = f"kernels of {g['name']} at size {row['size']} ({len(kernels)})"
+                table = Table(title=escape(title))
+                for c in ("kernel", "GFLOPs", "matmul", "MB", "FLOP/B", "median ms",
+                          "GFLOP/s", "GB/s", "of roofline", "bound"):
+                    table.add_column(c, justify="left" if c == "kernel" else "right")
+                order = sorted(kernels, key=lambda k: (k.get("median_ms") or 0, k["flops"]),
+                               reverse=True)
+                for k in order[:limit]:
+                    table.add_row(escape(k["kernel"]), fmt_num(k["flops"] / 1e9),
+                                  "yes" if k["matmul_flops"] else "",
+                                  fmt_num(k["bytes"] / 1e6), fmt_num(k.get("intensity")),
+                                  f"{k['median_ms']:.4f}" if "median_ms" in k else "-",
+                                  fmt_num((k.get("tflops") or 0) * 1e3) if "median_ms" in k
+                                  else "-", fmt_num(k.get("gbps")),
+                                  fmt_pct(k.get("roofline_share")), k.get("bound") or "-")
+                console.print(table)
+                if prof:
+                    console.print(escape(
+                        f"{prof['calls']} calls profiled: median {prof['median_ms']:.3f} ms, "
+                        f"in kernels {prof['kernels_ms']:.3f} ms, outside kernels (the "
+                        f"wrapper's) {prof['overhead_ms']:.3f} ms"), soft_wrap=True)
+                far = sorted((k for k in kernels if k.get("roofline_share") is not None),
+                             key=lambda k: k["roofline_share"])[:3]
+                if far:
+                    console.print(escape("furthest from the roofline: " + ", ".join(
+                        f"{k['kernel']} ({k['roofline_share']:.1%})" for k in far)))
+    if not shown:
+        console.print("[yellow]no kernels in these reports: run with FXFLOPS_KERNELS=N "
+                      "(or fxflops.backend(kernels=N)) to map and profile them")
 
 
 def _started(reports: list[dict[str, Any]]) -> float:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import os
@@ -280,6 +281,12 @@ def install_mode2_backend() -> None:
     _patch(compilation.CompilationConfig, "init_backend", "mode2", wrap)
 
 
+def kernels_setting() -> int | None:
+    from fxflops.backends import kernels_setting as setting
+
+    return setting()
+
+
 def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
     ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
@@ -290,11 +297,40 @@ def install_piecewise_compiler() -> None:
         return passthrough(original, after=_instrument_piece, what="piecewise graph")
 
     _patch(backends.CompilerManager, "compile", "piecewise", wrap)
+    if kernels_setting() is not None:  # outside it: the compile's kernel map captured
+        _patch(backends.CompilerManager, "compile", "piecewise-kernels", _capturing_kernels)
+
+
+# (the graph as analysed before Inductor compiled it, the capture of its kernel map) of the
+# piece being compiled (FXFLOPS_KERNELS)
+_PENDING_KERNELS: contextvars.ContextVar[tuple[Any, Any] | None] = \
+    contextvars.ContextVar("fxflops_pending_kernels", default=None)
+
+
+def _capturing_kernels(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Around vLLM's compile of a piece: its graph read before Inductor rewrites it, and the
+    kernel map Inductor emits (a fresh compile, or Inductor's cache)."""
+    from fxflops import kernels
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            shape = kernels.snapshot(arguments(original, args, kwargs)["graph"])
+        except Exception:
+            shape = None
+        with kernels.capture() as captured:
+            token = _PENDING_KERNELS.set((shape, captured))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _PENDING_KERNELS.reset(token)
+
+    return wrapper
 
 
 def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
     """Analyse one piecewise graph and wrap its compiled callable, like any other graph."""
-    from fxflops.backends import wrap_graph
+    from fxflops.backends import kernels_setting, wrap_graph
 
     _note_rank()
     graph, compile_range = named["graph"], named["compile_range"]
@@ -307,6 +343,10 @@ def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
                             "pieces": num_graphs, "compile_range": [start, end]}
     if single:
         meta["compile_size"] = start
+    pending = _PENDING_KERNELS.get()
+    kernel_maps = (pending[0], pending[1].maps()) if pending and pending[0] else None
     return wrap_graph(lambda: compiled, name, meta, gm=graph,
                       example_inputs=named["example_inputs"],
-                      static_size=start if single else None)
+                      static_size=start if single else None,
+                      kernels=kernels_setting() if kernel_maps else None,
+                      kernel_maps=kernel_maps)

@@ -57,6 +57,15 @@ def install() -> None:
     forward.install_attention_coster()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
+    if config.KERNELS.get() is not None:
+        # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
+        import torch._inductor.config as inductor_config
+
+        from fxflops.kernels import inductor_patches
+
+        for key, value in inductor_patches().items():
+            section, name = key.split(".")
+            setattr(getattr(inductor_config, section), name, value)
 
 
 def uninstall() -> None:
