@@ -12,7 +12,10 @@ Prints one line per check, with its figure and its goal, and PASS or FAIL:
      backward's time measured around ``loss.backward()``);
   6. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
   7. a tiny vLLM mode-3 run with FXFLOPS=1 whose report has rows, device and dtype (if vLLM
-     with CUDA is importable; else SKIP).
+     with CUDA is importable; else SKIP);
+  8. kernels: an MLP compiled with ``kernels=N``: its Triton kernels and extern GEMMs mapped
+     (per-kernel FLOPs adding up to the row's exactly) and timed from Kineto's device events
+     (every kernel a time; their sum within the call's).
 It first installs fxflops with ``pip install --no-deps -e .`` (the machine's torch stays).
 Exit status: 0 when every check met its goal, 1 when any missed it or failed, 2 without a
 GPU (nothing was checked).
@@ -269,6 +272,37 @@ def check_vllm() -> tuple[bool | None, str]:
                       "device and dtype)")
 
 
+def check_kernels(calls: int) -> tuple[bool, str]:
+    import torch
+
+    import fxflops
+
+    fxflops.reset_recorder()
+    torch._dynamo.reset()
+    model = mlp(1024, 2)
+    compiled = torch.compile(model, backend=fxflops.backend(kernels=calls))
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(calls + 5):
+            compiled(x)
+    torch.cuda.synchronize()
+    report = fxflops.recorder().to_dict()
+    (graph,) = report["graphs"]
+    (row,) = graph["rows"]
+    kernels = row.get("kernels") or []
+    prof = row.get("kernels_profile") or {}
+    names = [k["kernel"] for k in kernels]
+    triton = [n for n in names if n.startswith("triton_")]
+    timed = [k for k in kernels if k.get("median_ms")]
+    exact = sum(k["flops"] for k in kernels) == row["flops"]
+    within = prof.get("kernels_ms", 1e9) <= prof.get("median_ms", 0)
+    ok = bool(triton) and exact and len(timed) == len(kernels) and within
+    return ok, (f"kernels: {len(kernels)} mapped ({len(triton)} Triton), {len(timed)} timed "
+                f"over {prof.get('calls')} calls, FLOPs exact: {exact}, in kernels "
+                f"{prof.get('kernels_ms', 0):.3f} of {prof.get('median_ms', 0):.3f} ms  "
+                "goal: Triton kernels mapped, every kernel timed, within the call")
+
+
 def install_without_deps() -> None:
     """fxflops as users install it (its entry points: backend="fxflops", the vLLM plugin),
     on the machine's own torch: nothing is fetched (--no-deps: the GPU machine has no
@@ -295,7 +329,8 @@ def main() -> int:
     install_without_deps()
     checks = [lambda: check_event_agreement(n), lambda: check_overhead(n),
               lambda: check_calls_in_flight(n), lambda: check_cuda_graph_replays(n),
-              lambda: check_training(n // 4), check_peak, check_vllm]
+              lambda: check_training(n // 4), check_peak, check_vllm,
+              lambda: check_kernels(5)]
     missed = 0
     for i, check in enumerate(checks, 1):
         try:

@@ -23,5 +23,6 @@ def test_doc_example_runs(path, index, code, tmp_path, monkeypatch):
 def test_readme_links_the_docs():
     readme = (ROOT / "README.md").read_text()
     for page in ("getting-started.md", "vllm.md", "serving.md", "training.md",
-                 "conventions.md", "reference.md", "benchmarks.md", "many-devices.md"):
+                 "conventions.md", "reference.md", "benchmarks.md", "many-devices.md",
+                 "kernels.md"):
         assert f"docs/{page}" in readme and (ROOT / "docs" / page).exists()
