@@ -382,28 +382,20 @@ class InstrumentedGraph(_Serializable):
         call_args = (args,) if self.boxed else args
         if self._kernels_n is not None and row is not self.record.overflow and (
                 row.kernel_profile is None or row.kernel_profile.calls < self._kernels_n):
-            return self._profile(call_args, row)
+            # one of the N calls per size under torch.profiler (``kernels=N``)
+            out, profiled = kernel_module.profile(lambda: self._timed(call_args, row), row,
+                                                  self.record.kernels or [], self.plan.device)
+            if not profiled:  # the calls run on as before, timed
+                self._kernels_n = None
+            return out
+        return self._timed(call_args, row)
+
+    def _timed(self, call_args: Sequence[Any], row: SizeStats) -> Any:
         if self._timer is not None:
             return self._timer.time_call(self._run, call_args, row)
         t0 = _now()
         out = self._run(*call_args)
         row.add(_now() - t0)
-        return out
-
-    def _profile(self, call_args: Sequence[Any], row: SizeStats) -> Any:
-        """One call under torch.profiler, its kernels' times noted (``kernels=N``)."""
-        def call() -> Any:
-            if self._timer is not None:
-                return self._timer.time_call(self._run, call_args, row)
-            t0 = _now()
-            out = self._run(*call_args)
-            row.add(_now() - t0)
-            return out
-
-        out, profiled = kernel_module.profile(call, row, self.record.kernels or [],
-                                              self.plan.device)
-        if not profiled:  # the calls run on as before, timed
-            self._kernels_n = None
         return out
 
     def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
@@ -484,16 +476,11 @@ class _BoxedBackwardGraph(_BoxedGraph):
 
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
         try:
-            row = self._rows[self._key(args)]
-            self._passes.note(row.size)  # type: ignore[union-attr]
-        except Exception as e:
+            self._passes.note(self._rows[self._key(args)].size)  # type: ignore[union-attr]
+        except Exception as e:  # a new size: the special path notes it
             if getattr(e, _HOST, False):
                 raise
-            return self._call_special(args)
-        t0 = _now()
-        out = self._run(args)
-        row.add(_now() - t0)
-        return out
+        return _BoxedGraph.__call__(self, args)
 
 
 class _BoxedSpecialGraph(_BoxedGraph):

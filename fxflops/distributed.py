@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fxflops.patching import Patch, patch_method
+from fxflops.patching import Patch, patch_method, subclasses
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def install_fsdp_counting() -> bool:
         base = getattr(api, base_name, None)
         if not isinstance(base, type):
             continue
-        for cls in _subclasses(base):
+        for cls in subclasses(base):
             call = cls.__dict__.get("__call__")
             if callable(call):
                 patch = patch_method(cls, "__call__", "collectives",
@@ -55,15 +55,6 @@ def install_fsdp_counting() -> bool:
                 if patch.applied:
                     PATCHES.append(patch)
     return bool(PATCHES)
-
-
-def _subclasses(cls: type) -> list[type]:
-    out, todo = [], [cls]
-    while todo:
-        c = todo.pop()
-        out.append(c)
-        todo += c.__subclasses__()
-    return out
 
 
 def _counting(kind: str, argument: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -60,3 +60,14 @@ def patch_method(owner: Any, name: str, tag: str,
     wrapper._fxflops = True  # any fxflops wrapper says so
     setattr(owner, name, wrapper)
     return Patch(owner, name, own, wrapper)
+
+
+def subclasses(cls: type) -> list[type]:
+    """``cls`` and every class below it (those defined so far): where a method a library
+    class defines may be overridden, to patch each definition."""
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo += c.__subclasses__()
+    return out

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fxflops import config
-from fxflops.patching import Patch, patch_method
+from fxflops.patching import Patch, patch_method, subclasses
 from fxflops.session import recorder
 from fxflops.util import warn_once
 
@@ -193,15 +193,6 @@ _RUNNER_CLASSES = (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"))
 
 
-def _subclasses(cls: type) -> list[type]:
-    out, todo = [], [cls]
-    while todo:
-        c = todo.pop()
-        out.append(c)
-        todo += c.__subclasses__()
-    return out
-
-
 def install_warmup_phases() -> None:
     """Run vLLM's warm-up methods in their warm-up phase, on every worker and model runner
     class this process has (called once the model is built, when the worker's classes
@@ -231,7 +222,7 @@ def install_warmup_phases() -> None:
         return wrap
 
     for root in roots:
-        for cls in _subclasses(root):
+        for cls in subclasses(root):
             for name, phase in WARMUP_METHODS.items():
                 if callable(cls.__dict__.get(name)):
                     _patch(cls, name, "warmup", in_phase(phase))
