@@ -237,7 +237,9 @@ def _dump(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
 
         dump_graph(gm, record)
     except Exception as e:
-        warn_once("dump", "fxflops: could not dump graph %s: %s", record.name, e)
+        # one warning for the dumps, here or at a flush (session._write_report)
+        warn_once(f"dumps:{type(e).__name__}", "fxflops: no graph dumps (graph %s: %s: %s)",
+                  record.name, type(e).__name__, e)
 
 
 def _qualname(obj: Any) -> str:
@@ -409,8 +411,10 @@ class InstrumentedGraph(_Serializable):
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: InstrumentedGraph) -> bytes:
+        # the plan pickled apart: one this process cannot unpickle (a class fxflops moved
+        # since) costs the instrumentation, never the inner artifact's load
         state = {**cls._inner_state(fn.inner), "name": fn.record.name, "meta": fn.record.meta,
-                 "plan": fn.plan}
+                 "plan": pickle.dumps(fn.plan)}
         return pickle.dumps(state)
 
     @classmethod
@@ -424,6 +428,8 @@ class InstrumentedGraph(_Serializable):
         name, meta = state.get("name", "graph{index}"), {**state.get("meta", {}), "loaded": True}
         try:
             graph_plan = state["plan"]
+            if isinstance(graph_plan, bytes):
+                graph_plan = pickle.loads(graph_plan)
             if graph_plan.analysed_by != analysis_version():
                 warn_once("stale-artifact", "fxflops: graph %s was loaded from a compiled "
                           "artifact that other fxflops code analysed; its FLOPs and bytes may "

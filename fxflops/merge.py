@@ -225,3 +225,15 @@ def merged_anything(row: dict[str, Any]) -> bool:
     m = row.get("merged") or {}
     return row.get("graph") == "<pipeline>" or \
         (m.get("shards") or 1) * (m.get("stages") or 1) * (m.get("replicas") or 1) > 1
+
+
+def describe(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """What merged rows merged, and how: one line per kind of merge (none for rows that
+    merged nothing), as ``report``, ``compare`` and ``plot`` print it."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        m = r.get("merged")
+        if r.get("rank") == "all" and m and merged_anything(r):
+            seen.setdefault(m["how"], m)
+    return [f"merged ({m['shards']} shard(s) x {m['stages']} stage(s) x {m['replicas']} "
+            f"replica(s)): {how}" for how, m in seen.items()]

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
-from fxflops.util import warn_once
+from fxflops.util import stop_signals_blocked, warn_once
 
 if TYPE_CHECKING:
     from fxflops.recording import Recorder
@@ -221,7 +221,8 @@ def serve_node(directory: str | None = None) -> bool:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(directory))
     try:
-        server, _ = start_http_server(port, registry=registry)
+        with stop_signals_blocked():  # its serving thread: not the one a signal lands on
+            server, _ = start_http_server(port, registry=registry)
     except OSError as e:
         if e.errno != errno.EADDRINUSE:  # in use: another process of this node serves it
             warn_once(f"node-exporter:{port}", "fxflops: cannot serve the counters on port "

@@ -32,7 +32,7 @@ from typing import Any
 
 from fxflops import config, dump, metrics, recording, report
 from fxflops.recording import Recorder
-from fxflops.util import atomic_text, forget_warnings, warn_once
+from fxflops.util import atomic_text, forget_warnings, stop_signals_blocked, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,8 @@ class Session(Recorder):
         if self._thread is None and (flush_s > 0 or log_s > 0):
             self._thread = threading.Thread(target=self._background, args=(flush_s, log_s),
                                             name="fxflops-flush", daemon=True)
-            self._thread.start()
+            with stop_signals_blocked():
+                self._thread.start()
 
     def _write_started_file(self) -> None:
         """``OUT/fxflops-HOST-PID.started``: this process records here, so that a report it

@@ -93,7 +93,47 @@ class Curve:
 
 
 def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
-    """The sizes one run served (its ranks ran the same steps: the slowest's median)."""
+    """The sizes one run (or one pipeline stage of it) served. Tensor-parallel shards of
+    one replica ran the same steps: the slowest shard's median. Data-parallel replicas
+    each served their own traffic: calls and scheduled tokens added, the median a
+    calls-weighted mean (as ``fxflops.merge`` merges replicas)."""
+    replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for rep in reports:
+        replicas[int((rep["process"].get("ranks") or {}).get("dp") or 0)].append(rep)
+    by_size: dict[int, list[Served]] = defaultdict(list)
+    for reps in replicas.values():
+        for s in _replica_served(reps):
+            by_size[s.size].append(s)
+    out = []
+    for size, group in sorted(by_size.items()):
+        calls = sum(s.calls for s in group)
+        scheduled: dict[int, int] = defaultdict(int)
+        for s in group:
+            for n, c in s.scheduled.items():
+                scheduled[n] += c
+        kinds = {s.kind for s in group}
+        median = sum(s.median_ms * s.calls for s in group) / calls if calls else \
+            max(s.median_ms for s in group)
+        out.append(Served(size, calls, median, group[0].kind if len(kinds) == 1 else GENERAL,
+                          dict(scheduled)))
+    return out
+
+
+def layout(reports: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(shards, stages, replicas) of one run's reports, from their placement (a report
+    without one: its rank is a shard)."""
+    shards, stages, replicas = set(), set(), set()
+    for rep in reports:
+        ranks = rep["process"].get("ranks") or {}
+        placed = any(k in ranks for k in ("tp", "pp", "dp"))
+        shards.add(ranks.get("tp") if placed else rep["process"].get("rank"))
+        stages.add(ranks.get("pp") or 0)
+        replicas.add(ranks.get("dp") or 0)
+    return len(shards), len(stages), len(replicas)
+
+
+def _replica_served(reports: list[dict[str, Any]]) -> list[Served]:
+    """The sizes one replica served (its shards ran the same steps: the slowest's median)."""
     specialised = {r["size"] for rep in reports for g in rep["graphs"] if not g.get("symbols")
                    for r in g["rows"] if isinstance(r["size"], int)}
     specialised |= {g.get("meta", {}).get("compile_size") for rep in reports

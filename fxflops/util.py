@@ -13,6 +13,26 @@ log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 
+@contextlib.contextmanager
+def stop_signals_blocked() -> Any:
+    """Threads started inside take SIGTERM and SIGINT blocked (a thread inherits its
+    creator's mask): the kernel then delivers them to a thread that lets Python run the
+    handler. Else one could land on fxflops' thread while the main thread sleeps in C (a
+    multiprocessing worker waiting on its queue), and the process would never act on it."""
+    import signal
+
+    stop = {signal.SIGTERM, signal.SIGINT}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    except (AttributeError, OSError, ValueError):  # no pthread signal masks here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def warn_once(key: str, msg: str, *args: Any) -> None:
     """Log ``msg`` at WARNING the first time ``key`` is seen in this process."""
     if key not in _warned:

@@ -29,8 +29,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = cli("demo", "--inner", "eager", "--iters", "3", "--out", str(out))
+    # the folder from FXFLOPS_OUT, as every fxflops run takes it (no --out)
+    proc = procs.run([sys.executable, "-m", "fxflops.cli.main", "demo", "--inner", "eager",
+                      "--iters", "3"], timeout=600, cwd=tmp_path_factory.mktemp("cwd"),
+                     env={**os.environ, "FXFLOPS_OUT": str(out)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(out.glob("fxflops-*.json")) and (out / "graphs").is_dir()
     # every (graph, size) row checked against FlopCounterMode: 4 decode and 4 prefill sizes
     assert "All match." in proc.stdout and proc.stdout.count("= exact") == 8
     return out
@@ -121,6 +125,32 @@ def test_compare_shows_sizes_in_one_run_only(tmp_path, capsys):
     assert "2.00x" in out and "only in base" in out and "only in new" in out
     c = _report(tmp_path / "c.json", [], forward=[_row(16, 1.0)])
     assert main(["compare", str(a), str(c)]) == 2
+
+
+def _shards(folder: Path, ms_by_rank: dict[int, float]) -> Path:
+    """One run of two tensor-parallel shards (a graph each at sizes 2 and 4)."""
+    folder.mkdir()
+    for tp, ms in ms_by_rank.items():
+        path = _report(folder / f"r{tp}.json",
+                       [("graph0", ["s0"], [_row(2, ms), _row(4, 2 * ms)], {})])
+        data = json.loads(path.read_text())
+        data["run"] = {"id": folder.name}
+        data["process"] = {"pid": 100 + tp, "rank": tp, "ranks": {"tp": tp, "tp_size": 2}}
+        path.write_text(json.dumps(data))
+    return folder
+
+
+def test_compare_and_plot_say_what_they_merged(tmp_path, capsys):
+    base = _shards(tmp_path / "base", {0: 4.0, 1: 5.0})
+    new = _shards(tmp_path / "new", {0: 2.0, 1: 2.5})
+    line = "merged (2 shard(s) x 1 stage(s) x 1 replica(s)): tensor-parallel shards"
+    assert main(["compare", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert f"base: {line}" in out and f"new: {line}" in out
+    assert "2.00x" in out  # the slowest shard's 5.0 ms against 2.5 ms, by hand
+    pytest.importorskip("matplotlib")
+    assert main(["plot", str(base), "-o", str(tmp_path / "p.png")]) == 0
+    assert line in capsys.readouterr().out
 
 
 # --- outputs: through links, FIFOs and devices; atomic for files; the umask ------------

@@ -235,6 +235,13 @@ def test_fsdp_each_rank_equals_flop_counter_and_losses_are_unchanged(fsdp_one_no
         # per-block compile: the blocks' graphs run every step, each counted
         assert step_of(rep)["matmul_flops"] == fsdp_one_node["ranks"][rank]["eager_step_flops"]
         assert fsdp_one_node["ranks"][rank]["losses"] == fsdp_one_node["plain"][rank]["losses"]
+    # the job's step: both ranks' work (FlopCounterMode's per rank), the slower's time
+    steps = training_steps(flat_rows(reports), reports[0]["peak"])
+    (merged,) = merge_steps(steps, reports[0]["peak"])
+    assert merged["ranks"] == 2
+    assert merged["matmul_flops"] == sum(fsdp_one_node["ranks"][r]["eager_step_flops"]
+                                         for r in (0, 1))
+    assert merged["step_ms"] == max(s["step_ms"] for s in steps)
 
 
 def test_fsdp_collectives_are_counted_apart(fsdp_one_node):

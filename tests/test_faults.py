@@ -96,6 +96,25 @@ def test_report_folder_that_is_a_file_warns_once_and_loses_nothing(tmp_path, mon
     assert sum(r["calls"] for r in fxflops.load_report(path)["graphs"][0]["rows"]) == 4
 
 
+def test_a_graphs_folder_that_is_a_file_stops_only_the_dumps(tmp_path, monkeypatch,
+                                                              fxflops_log):
+    """OUT/graphs a file: the annotated dumps cannot be written (said once); the report
+    still is, with every call."""
+    (tmp_path / "graphs").write_text("a file where the dumps' folder should be")
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
+    ours, ref = _model_run()
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+    rec = fxflops.recorder()
+    rec.flush()
+    rec.flush()
+    (path,) = tmp_path.glob("fxflops-*.json")
+    assert sum(r["calls"] for r in fxflops.load_report(path)["graphs"][0]["rows"]) == 4
+    said = [r.getMessage() for r in fxflops_log.records if "graphs" in r.getMessage()
+            and r.levelname == "WARNING"]
+    assert len(said) == 1, said
+    assert (tmp_path / "graphs").read_text().startswith("a file")  # left as it was
+
+
 # --- CLI faults ------------------------------------------------------------------------
 
 

@@ -227,6 +227,8 @@ class Example(NamedTuple):
     matmul: int
     vector: int
     kwargs: dict[str, Any] = {}
+    # by hand where written: every tensor read once, the output written once
+    bytes_io: int | None = None
 
 
 class Case(NamedTuple):
@@ -279,20 +281,22 @@ def zentorch_woq_linear() -> Example:
 def weight_packed_linear() -> Example:
     # AMX: bf16 weight [N, K] VNNI-packed in place (same shape), fp32 bias
     return Example([e(M, N), e(M, K), e(N, K), e(N, dtype=F32), True], None,
-                   2 * M * K * N, 0)
+                   2 * M * K * N, 0, bytes_io=2 * M * K + 2 * N * K + 4 * N + 2 * M * N)
 
 
 def int8_scaled_mm_with_quant() -> Example:
     # int8 weight VNNI-packed with an int32 compensation per row: [N, K + 4] bytes
     args = [e(M, K), e(N, K + 4, dtype=I8), e(N, dtype=F32), None, BF16, True]
-    return Example(args, e(M, N), 2 * M * K * N, 0)
+    return Example(args, e(M, N), 2 * M * K * N, 0,
+                   bytes_io=2 * M * K + N * (K + 4) + 4 * N + 2 * M * N)
 
 
 def fp8_scaled_mm_cpu() -> Example:
     # fp8 weight [N, K] (VNNI keeps the shape), 128 x 128 block scales
     args = [e(M, K), e(N, K, dtype=FP8), e(1, K // 128, dtype=F32), [128, 128], None, BF16,
             True]
-    return Example(args, e(M, N), 2 * M * K * N, 0)
+    return Example(args, e(M, N), 2 * M * K * N, 0,
+                   bytes_io=2 * M * K + N * K + 4 * (K // 128) + 2 * M * N)
 
 
 def fp8_scaled_mm_with_quant() -> Example:
@@ -717,6 +721,8 @@ def test_op_counts_as_by_hand(case: Case) -> None:
         cost = fxflops.analyze(graph_of(op(case.op), ex.args, ex.kwargs, ex.out))
     assert cost.uncounted == {}
     assert (cost.matmul_flops, cost.flops - cost.matmul_flops) == (ex.matmul, ex.vector)
+    if ex.bytes_io is not None:
+        assert cost.bytes_io == ex.bytes_io
 
 
 def test_every_registered_op_has_a_case() -> None:

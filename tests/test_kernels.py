@@ -69,12 +69,16 @@ def test_demo_model_every_node_in_a_kernel_and_exact_sums(dynamic):
         for seq in (16, 24, 16, 40):
             compiled(torch.randint(0, cfg.vocab, (2, seq)))
     checked = 0
+    records = {g.name: g for g in fxflops.recorder().graphs}
     for graph in report_of()["graphs"]:
         kernels = graph.get("kernels")
         assert kernels, f"{graph['name']}: no kernels mapped"
         print(graph["name"], [k["kernel"] for k in kernels])
         # every node with a cost is in a kernel: nothing with FLOPs is left in <none>
         assert all(k["kernel"] != "<none>" for k in kernels)
+        costed = {n.name for n in records[graph["name"]].cost.nodes if n.flops != 0}
+        placed = {node for k in kernels for node in k["nodes"]}
+        assert costed <= placed, costed - placed
         for row in graph["rows"]:
             ks = row["kernels"]
             assert sum(k["flops"] for k in ks) == row["flops"]
@@ -111,7 +115,9 @@ def test_a_node_split_over_kernels_shares_by_its_computing_parts():
     assert kernels["cpp_k1"].bytes == 4 * s and kernels["cpp_k2"].bytes == 8 * s
 
 
-def test_profiled_calls_time_every_kernel_within_the_call():
+def test_profiled_calls_time_every_kernel_within_the_call(monkeypatch):
+    monkeypatch.setenv("FXFLOPS_PEAK_TFLOPS", "1")  # a roofline to place the kernels on
+    monkeypatch.setenv("FXFLOPS_PEAK_GBPS", "10")
     compiled = torch.compile(fused, backend=fxflops.backend(kernels=3))
     for _ in range(6):
         compiled(torch.randn(64, 256))
@@ -122,9 +128,23 @@ def test_profiled_calls_time_every_kernel_within_the_call():
     assert prof["calls"] == 3 and prof["unmatched"] == 0
     assert all(k["median_ms"] > 0 for k in row["kernels"])
     # the kernels run inside the call: their time is at most the call's, the rest the
-    # wrapper's (stated in the report)
+    # wrapper's (stated in the report; a Python wrapper takes some)
     assert prof["kernels_ms"] <= prof["median_ms"]
     assert prof["overhead_ms"] == pytest.approx(prof["median_ms"] - prof["kernels_ms"])
+    assert prof["overhead_ms"] > 0
+    # each kernel's rates and roofline from its FLOPs and bytes by hand (test above) and
+    # its measured median, against 1 TFLOP/s and 10 GB/s
+    by_hand = {"extern_kernels.mm": (2 * 64 * 256 * 128, 4 * (64 * 256 + 256 * 128 + 64 * 128)),
+               "cpp_fused": (3 * 64 * 128, 2 * 4 * 64 * 128)}
+    for k in row["kernels"]:
+        flops, nbytes = next(v for name, v in by_hand.items() if k["kernel"].startswith(name))
+        seconds = k["median_ms"] / 1e3
+        assert k["intensity"] == pytest.approx(flops / nbytes)
+        assert k["tflops"] == pytest.approx(flops / seconds / 1e12)
+        assert k["gbps"] == pytest.approx(nbytes / seconds / 1e9)
+        compute_s, memory_s = flops / 1e12, nbytes / 10e9  # both kernels: memory-bound
+        assert k["bound"] == "memory" and memory_s > compute_s
+        assert k["roofline_share"] == pytest.approx(memory_s / seconds)
     for call in prof["trace"]:
         assert sum(k["dur_us"] for k in call["kernels"]) <= call["dur_us"]
         assert [k["kernel"] for k in call["kernels"]] == [k["kernel"] for k in graph["kernels"]]
@@ -290,3 +310,28 @@ def test_vllm_mode2_inductor_graph_kernels_at_every_size(tmp_path):
         assert 1 <= prof["calls"] <= 2 and prof["kernels_ms"] <= prof["median_ms"]
         sizes += 1
     assert sizes >= 2
+
+
+def test_report_kernels_lists_the_slowest_first_and_the_furthest_from_the_roofline():
+    """``fxflops report --kernels N``: the N slowest kernels, slowest first; the three
+    furthest from their roofline, furthest first (medians and shares written here)."""
+    from rich.console import Console
+
+    from fxflops.cli.report import print_kernels
+
+    def kernel(name, ms, share):
+        return {"kernel": name, "flops": 1000, "matmul_flops": 0, "bytes": 100,
+                "intensity": 10.0, "median_ms": ms, "tflops": 1e-6, "gbps": 1.0,
+                "roofline_share": share, "bound": "memory"}
+
+    kernels = [kernel("k_fast", 0.01, 0.9), kernel("k_slow", 0.30, 0.5),
+               kernel("k_mid", 0.10, 0.05), kernel("k_far", 0.02, 0.01)]
+    report = {"graphs": [{"name": "graph0", "rows": [{"size": 8, "kernels": kernels}]}]}
+    console = Console(record=True, width=200)
+    print_kernels(console, [report], limit=3)
+    text = console.export_text()
+    table = [line for line in text.splitlines() if line.startswith("│")]  # the table's rows
+    listed = [name for line in table for name in ("k_fast", "k_slow", "k_mid", "k_far")
+              if name in line]
+    assert listed == ["k_slow", "k_mid", "k_far"], text  # k_fast: past the limit
+    assert "furthest from the roofline: k_far (1.0%), k_mid (5.0%), k_slow (50.0%)" in text

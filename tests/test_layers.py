@@ -106,3 +106,38 @@ def test_without_a_layer_source_the_unknown_op_is_uncounted():
     (graph,) = fxflops.recorder().graphs
     assert graph.cost.uncounted == {"fxflops_test::mystery_gemm": 1}
     assert graph.cost.estimated == []
+
+
+@pytest.mark.vllm
+def test_a_vllm_linear_on_an_unknown_kernel_is_named_in_report_cli_and_metrics(tmp_path):
+    """vLLM's real ReplicatedLinear dispatching to an unknown GEMM (tests/vllm_unknown_gemm.py,
+    its own process): its FLOPs are 2·M·K·N by hand, and the report JSON, ``fxflops
+    report`` and the Prometheus series all name the layer and the op."""
+    import json
+    import sys
+
+    from tests import procs
+
+    pytest.importorskip("vllm")
+    report = tmp_path / "r.json"
+    proc = procs.run([sys.executable, "-m", "tests.vllm_unknown_gemm", str(report)],
+                     timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    series = json.loads(proc.stdout.strip().splitlines()[-1])
+    data = json.loads(report.read_text())
+    (graph,) = data["graphs"]
+    (estimate,) = graph["layers"]["estimated"]
+    assert estimate["layer"] == "up" and estimate["ops"] == ["fxflops_test::vendor_gemm"]
+    assert graph["uncounted"] == {}
+    rows = {r["size"]: r for r in graph["rows"]}
+    assert {m: rows[m]["matmul_flops"] for m in (5, 9)} == {5: 2 * 5 * 32 * 64,
+                                                             9: 2 * 9 * 32 * 64}
+    (layers,) = [s for s in series if s["family"] == "fxflops_graph_estimated_layers"]
+    assert dict(layers["labels"])["op"] == "fxflops_test::vendor_gemm" and layers["value"] == 1
+    estimated = {dict(s["labels"])["size"]: s["value"] for s in series
+                 if s["family"] == "fxflops_graph_estimated_flops"}
+    assert estimated == {"5": 2 * 5 * 32 * 64, "9": 2 * 2 * 9 * 32 * 64}  # x calls
+    cli = procs.run([sys.executable, "-m", "fxflops", "report", str(report)], timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    (line,) = [ln for ln in cli.stdout.splitlines() if "vendor_gemm" in ln]
+    assert "up" in line, line

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.merge import merge_rows
+from fxflops.merge import describe, merge_rows
 from fxflops.report import ReportError, load_report, validate
 
 
@@ -48,6 +48,42 @@ def test_two_processes_of_one_rank_add_calls_not_work():
     (m,) = merge_rows([a, b])
     assert m["ranks"] == 1 and m["calls"] == 15 and m["flops"] == 6e9
     assert m["mfu"] is None and m["tflops"] == pytest.approx(6e9 / 4e-3 / 1e12)
+
+
+def test_replicas_of_a_tensor_parallel_pipeline_merge_by_hand():
+    """dp 2 x pp 2 x tp 2: shards add work and wait for the slowest, stages sit side by
+    side and add into the pipeline, replicas add calls (figures by hand)."""
+    peak = {"tflops": 100.0, "gbps": 1000.0, "source": "env"}
+    work = {0: (3e9, 1e9), 1: (5e9, 2e9)}  # per shard of a stage: FLOPs, bytes
+    ms = {(0, 0, 0): 2.0, (0, 0, 1): 3.0, (0, 1, 0): 4.0, (0, 1, 1): 4.5,
+          (1, 0, 0): 2.5, (1, 0, 1): 2.5, (1, 1, 0): 5.5, (1, 1, 1): 5.5}
+    rows = []
+    for (dp, pp, tp), median in ms.items():
+        flops, nbytes = work[pp]
+        row = _row(0, flops=flops, matmul=flops, bytes_io=nbytes, median_ms=median,
+                   calls=10 if dp == 0 else 30)
+        row.update(graph="<forward>", dp=dp, pp=pp, tp=tp, dp_size=2, pp_size=2, tp_size=2,
+                   pid=1000 + 4 * dp + 2 * pp + tp, run="r")
+        rows.append(row)
+    merged = merge_rows(rows, peak)
+    stage = {r["stage"]: r for r in merged if r.get("stage")}
+    (pipe,) = [r for r in merged if r["graph"] == "<pipeline>"]
+    assert stage["pp0"]["flops"] == 6e9 and stage["pp1"]["flops"] == 10e9
+    assert stage["pp0"]["calls"] == stage["pp1"]["calls"] == 80  # 2 shards x (10 + 30)
+    # a replica's stage time is its slowest shard's; replicas: a calls-weighted mean
+    assert stage["pp0"]["median_ms"] == pytest.approx((3.0 * 20 + 2.5 * 60) / 80)
+    assert stage["pp1"]["median_ms"] == pytest.approx((4.5 * 20 + 5.5 * 60) / 80)
+    # the pipeline: per replica, its stages' work and times added (7.5 ms and 8.0 ms)
+    assert pipe["flops"] == 16e9 and pipe["bytes_io"] == 6e9
+    assert pipe["median_ms"] == pytest.approx((7.5 * 20 + 8.0 * 60) / 80)
+    assert pipe["calls"] == 80
+    # MFU against one replica's 4 devices of 100 TFLOP/s
+    assert pipe["mfu"] == pytest.approx(16e9 / (pipe["median_ms"] / 1e3) / (4 * 100e12))
+    assert {k: pipe["merged"][k] for k in ("shards", "stages", "replicas")} == \
+        {"shards": 2, "stages": 2, "replicas": 2}
+    lines = describe(merged)
+    assert any(line.startswith("merged (2 shard(s) x 2 stage(s) x 2 replica(s)): ")
+               and "pipeline stages" in line for line in lines), lines
 
 
 def test_what_fxflops_writes_passes_the_checks_at_load(tmp_path):

@@ -104,9 +104,9 @@ def test_past_the_in_flight_cap_samples_are_lost_never_calls(fake_cuda):
     assert row.count == 10 and row.samples_taken == 4 and row.lost == 6 and row.awaiting == 0
 
 
-def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypatch, tmp_path):
-    """Through torch.compile: a graph on a (fake) GPU, N calls, the last ones still in
-    flight when the report is written: the report says N calls and N samples."""
+def compile_on_fake_gpu(monkeypatch, fake_cuda) -> None:
+    """Graphs compiled from now on are planned for "cuda" and timed by CUDA events of the
+    fake CUDA module (no GPU here)."""
     monkeypatch.setattr(backends, "make_timer",
                         lambda device: CudaEventTimer(max_in_flight=256, cuda=fake_cuda))
     real_plan = backends.plan
@@ -118,6 +118,12 @@ def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypat
 
     monkeypatch.setattr(backends, "plan", on_gpu)
     monkeypatch.setattr(backends, "device_name", lambda device: "NVIDIA H200")
+
+
+def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypatch, tmp_path):
+    """Through torch.compile: a graph on a (fake) GPU, N calls, the last ones still in
+    flight when the report is written: the report says N calls and N samples."""
+    compile_on_fake_gpu(monkeypatch, fake_cuda)
     compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"))
     x = torch.randn(4, 8)
     n = 300  # past the 256 pairs in flight: 44 samples given up, every call counted
@@ -136,6 +142,36 @@ def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypat
     (row,) = report["graphs"][0]["rows"]
     assert row["calls"] == n and row["timed_calls"] == 256 and row["lost_samples"] == n - 256
     assert row["median_ms"] == 1.0
+
+
+def test_replays_of_a_captured_graph_are_in_the_report_after_a_flush(fake_cuda, monkeypatch,
+                                                                     tmp_path):
+    """Through torch.compile: a (fake) CUDA-graph capture of the compiled call, then N
+    replays, the last one read by the report's flush: the report says N calls, N timed."""
+    compile_on_fake_gpu(monkeypatch, fake_cuda)
+    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"))
+    x = torch.randn(4, 8)
+    registry = CaptureRegistry(fake_cuda)
+    graph = FakeGraph()
+    with torch.no_grad():
+        compiled(x)  # compiled (and run once) before the capture, as vLLM warms up
+        graph.capture_begin()
+        fake_cuda.capturing = True
+        compiled(x)  # captured: runs at each replay
+        fake_cuda.capturing = False
+    ((start, end, _),) = registry.by_graph[graph]
+    n = 5
+    for _ in range(n):
+        graph.replay()
+        start.record()  # the device runs the replay's kernels between the two events
+        end.record()
+        end.done = True
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
+    fxflops.recorder().flush()
+    (report,) = fxflops.report.load_reports([tmp_path / "out"])
+    (row,) = report["graphs"][0]["rows"]
+    assert row["calls"] == n + 1 and row["timed_calls"] == n + 1 and row["lost_samples"] == 0
+    assert registry.missed == 0
 
 
 def test_late_completion_is_credited_at_the_next_read(fake_cuda):

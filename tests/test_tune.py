@@ -94,6 +94,32 @@ def test_thin_data_is_said_plainly(tmp_path, capsys):
     assert "-cc '{\"compile_sizes\": [1]}'" in out  # 8 x 2.0 ms carries more time than 4 x 3.0
 
 
+def test_replicas_add_traffic_and_shards_wait_for_the_slowest(tmp_path, capsys):
+    """dp 2 x tp 2: a replica's size takes its slowest shard's median; replicas each served
+    their own steps, so their calls and scheduled tokens add (numbers by hand)."""
+    times = {(0, 0): 1.4, (0, 1): 1.5, (1, 0): 1.6, (1, 1): 1.6}
+    for (dp, tp), ms in times.items():
+        steps = 100 if dp == 0 else 50
+        path = write_run(tmp_path / f"r{dp}{tp}.json", [
+            forward_row(4, steps, ms, {3: steps}, captured=steps),
+            forward_row(8, 10, 2 * ms, {8: 10}, captured=10)])
+        data = json.loads(path.read_text())
+        data["process"] = {"pid": 10 + 2 * dp + tp, "rank": 2 * dp + tp,
+                           "ranks": {"dp": dp, "dp_size": 2, "tp": tp, "tp_size": 2}}
+        path.write_text(json.dumps(data))
+    from fxflops.report import load_reports
+    from fxflops.tuning import served_sizes
+
+    by_size = {s.size: s for s in served_sizes(load_reports([str(tmp_path)]))}
+    assert by_size[4].calls == 150 and by_size[4].scheduled == {3: 150}
+    assert by_size[4].median_ms == pytest.approx((1.5 * 100 + 1.6 * 50) / 150)
+    assert by_size[8].calls == 20 and by_size[8].median_ms == pytest.approx(3.1)
+    assert main(["tune", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "merged (2 shard(s) x 1 stage(s) x 2 replica(s))" in out
+    assert "replicas' traffic added" in out
+
+
 @pytest.mark.parametrize("forward,message", [
     ([], "served nothing"),
     ([forward_row(4, 10, 1.0, {4: 10})], "one size only"),

@@ -46,8 +46,9 @@ def cold(tmp_path_factory, cache_dir):
     return out, log
 
 
-# FXFLOPS_WINDOW=0 is a bad value: the run must go on (warned once) with the default window
-COLD_ENV = {"VLLM_LOG_BATCHSIZE_INTERVAL": "0", "FXFLOPS_WINDOW": "0"}
+# FXFLOPS_WINDOW=0 is a bad value: the run must go on (warned once) with the default window;
+# FXFLOPS_KERNELS=0: Inductor's kernels mapped (not profiled), to be found again at a warm start
+COLD_ENV = {"VLLM_LOG_BATCHSIZE_INTERVAL": "0", "FXFLOPS_WINDOW": "0", "FXFLOPS_KERNELS": "0"}
 
 
 def test_bad_environment_value_warns_and_the_run_goes_on(cold):
@@ -132,6 +133,14 @@ def test_mode2_warm_start_loads_the_artifact_and_reports(cold, cache_dir, tmp_pa
     for size, r in rows.items():
         assert r["matmul_flops"] - r["runtime_flops"] == size * dense_matmul_per_token()
         assert r["median_ms"] > 0
+    # the kernel map came back with the artifact (nothing was compiled to capture it from):
+    # the cold run's kernels, and per-kernel FLOPs adding up to each row's exactly
+    (cold_report,) = load_reports([cold[0]])
+    names = [k["kernel"] for k in graph["kernels"]]
+    assert names and names == [k["kernel"] for k in cold_report["graphs"][0]["kernels"]]
+    for r in rows.values():
+        assert sum(k["flops"] for k in r["kernels"]) == r["flops"]
+        assert sum(k["matmul_flops"] for k in r["kernels"]) == r["matmul_flops"]
 
 
 def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):

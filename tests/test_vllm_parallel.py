@@ -112,6 +112,12 @@ def test_profile_run_is_warmup_not_traffic(pipeline):
         # shown on request
         rows = flat_rows([rep], warmup=True)
         assert {r["size"] for r in rows if r.get("warmup") == "profile"} == profiled
+    # and in the CLI: out of the default table, in the one --warmup asks for
+    folder = pipeline[0]
+    tables = [procs.run([sys.executable, "-m", "fxflops.cli.main", "report", str(folder),
+                         *flag], env={**os.environ, "COLUMNS": "220"}) for flag in ([], ["--warmup"])]
+    assert all(t.returncode == 0 for t in tables), [t.stderr for t in tables]
+    assert "(profile)" not in tables[0].stdout and "(profile)" in tables[1].stdout
 
 
 def test_tune_recommends_per_stage(pipeline):
@@ -223,3 +229,25 @@ def test_two_nodes_merge_as_tensor_parallel_shards(two_nodes):
     for m in merged:  # the shards' parts add up to the whole model's
         assert m["merged"]["shards"] == 2
         assert m["matmul_flops"] - m["runtime_flops"] == m["size"] * dense_matmul_per_token()
+
+
+# --- Ray: vLLM copies only the variables whose prefixes it lists -------------------------
+
+
+def test_fxflops_settings_reach_ray_workers(monkeypatch):
+    """Ray is not installed here: what vLLM hands its Ray workers is read from vLLM's own
+    ``get_env_vars_to_copy``, after the plugin added fxflops' prefix."""
+    from vllm.ray.ray_env import get_env_vars_to_copy
+
+    from fxflops.integrations.vllm import plugin
+
+    monkeypatch.setenv("FXFLOPS", "1")
+    monkeypatch.setenv("FXFLOPS_OUT", "/reports")
+    monkeypatch.setenv("MYORG_SETTING", "x")
+    monkeypatch.setenv("VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY", "MYORG_")
+    assert "FXFLOPS_OUT" not in get_env_vars_to_copy()  # vLLM's default: not copied
+    plugin._settings_reach_ray_workers()
+    plugin._settings_reach_ray_workers()  # idempotent
+    copied = get_env_vars_to_copy()
+    assert {"FXFLOPS", "FXFLOPS_OUT", "MYORG_SETTING"} <= copied
+    assert os.environ["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MYORG_,FXFLOPS"

@@ -45,3 +45,11 @@ def compiler_manager_kwargs() -> dict:
 
     params = inspect.signature(CompilerManager.__init__).parameters
     return {"use_aot_compile": True} if "use_aot_compile" in params else {}
+
+
+def test_every_warmup_method_is_in_the_table():
+    """Each method hooks.WARMUP_METHODS patches by name is checked above, somewhere."""
+    from fxflops.integrations.vllm.hooks import WARMUP_METHODS
+
+    checked = {s.name.rsplit(".", 1)[-1] for s in SYMBOLS}
+    assert set(WARMUP_METHODS) <= checked, set(WARMUP_METHODS) - checked

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
-from fxflops.merge import merge_rows, merge_steps
+from fxflops.merge import describe, merge_rows, merge_steps
 from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
 
@@ -23,10 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def keyed(path: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """One run's rows by (graph, size), ranks merged. A graph is known by its fingerprint
-    (its structure and FLOPs) where the report has one, so graphs match across runs
-    whatever Dynamo named them; graphs sharing a name stay apart."""
+def keyed(path: str) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    """One run's rows by (graph, size), ranks merged, and what the merge merged
+    (``merge.describe``). A graph is known by its fingerprint (its structure and FLOPs)
+    where the report has one, so graphs match across runs whatever Dynamo named them;
+    graphs sharing a name stay apart."""
     reports = load_reports([path])
     runs = {run_id(r) for r in reports}
     if len(runs) > 1:
@@ -34,8 +35,8 @@ def keyed(path: str) -> dict[tuple[str, str], dict[str, Any]]:
                           "(fxflops report shows which files belong to which)")
     rows = merge_rows(flat_rows(reports), reports[0].get("peak"))
     # a pipeline's stages are apart: the same graph name on two stages is two graphs
-    return {(_stage_prefix(r) + (r.get("fingerprint") or r["graph"]), str(r["size"])): r
-            for r in rows}
+    return ({(_stage_prefix(r) + (r.get("fingerprint") or r["graph"]), str(r["size"])): r
+             for r in rows}, describe(rows))
 
 
 def _stage_prefix(r: dict[str, Any]) -> str:
@@ -78,7 +79,8 @@ def _order(key: tuple[str, str]) -> tuple[Any, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = compare_rows(keyed(args.base), keyed(args.new), args.force)
+    (base, base_merged), (new, new_merged) = keyed(args.base), keyed(args.new)
+    rows = compare_rows(base, new, args.force)
     table = Table(title=escape(f"fxflops compare: base={args.base}  new={args.new}"))
     for c in ("graph", "size", "base ms", "new ms", "speedup", "base GFLOPs", "new GFLOPs",
               "base GFLOP/s", "new GFLOP/s"):
@@ -103,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
                       cell(b, "tflops", 1e3), cell(n, "tflops", 1e3))
     console = make_console()
     console.print(table)
+    for which, lines in (("base", base_merged), ("new", new_merged)):
+        for line in lines:
+            console.print(escape(f"{which}: {line}"))
     _print_steps(console, steps_of(args.base), steps_of(args.new))
     return 0
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from math import prod
 from typing import Any
 
-from fxflops.merge import merge_rows
+from fxflops.merge import describe, merge_rows
 from fxflops.report import ReportError, flat_rows, load_reports, run_id
 from fxflops.stats import parse_size
 from fxflops.util import write_output
@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 dpi=110)
     plt.close(fig)
     write_output(args.output, buf.getvalue())  # the path named, and no other
+    for line in describe(merged):
+        print(line)
     print(f"wrote {args.output}")
     return 3 if skipped else 0
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from fxflops.cli.main import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.merge import merge_rows, merge_steps, merged_anything
+from fxflops.merge import describe, merge_rows, merge_steps, merged_anything
 from fxflops.placement import label as placement_label
 from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
@@ -193,7 +193,7 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                   fmt_pct(r.get("outside_share")), fmt_pct(r.get("padding_share"))]
         table.add_row(*map(escape, cells))
     console.print(table)
-    for line in merged_lines(rows):
+    for line in describe(rows):
         console.print(escape(line))
     steps = training_steps([r for r in rows if r["rank"] != "all"], peak)
     if len({s["rank"] for s in steps}) > 1:  # many ranks: the job's step too
@@ -277,17 +277,6 @@ def _place(report: dict[str, Any]) -> str:
     ranks = {**(proc.get("ranks") or {}), "rank": proc.get("rank")}
     return placement_label({k: v for k, v in ranks.items() if v is not None}) or \
         f"pid {proc.get('pid')}"
-
-
-def merged_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """What the merged rows merged, and how: one line per kind of merge."""
-    seen: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        m = r.get("merged")
-        if r["rank"] == "all" and m:
-            seen.setdefault(m["how"], m)
-    return [f"merged ({m['shards']} shard(s) x {m['stages']} stage(s) x {m['replicas']} "
-            f"replica(s)): {how}" for how, m in seen.items()]
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:

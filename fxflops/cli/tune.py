@@ -22,7 +22,7 @@ from rich.table import Table
 from fxflops.cli.main import non_negative_float, positive_int
 from fxflops.cli.tables import fmt_pct, make_console
 from fxflops.report import ReportError, load_reports, run_id
-from fxflops.tuning import Served, by_stage, pipeline_served, served_sizes, traffic
+from fxflops.tuning import Served, by_stage, layout, pipeline_served, served_sizes, traffic
 from fxflops.tuning import recommend as recommend_one_run
 
 
@@ -115,6 +115,13 @@ def run(args: argparse.Namespace) -> int:
 def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
     stages = by_stage(reports)
     console = make_console()
+    shards, n_stages, replicas = layout(reports)
+    if len(reports) > 1:
+        console.print(f"merged ({shards} shard(s) x {n_stages} stage(s) x {replicas} "
+                      "replica(s)): per size, the slowest tensor-parallel shard's median; "
+                      "data-parallel replicas' traffic added (the median a calls-weighted "
+                      "mean); pipeline stages each apart, and their medians added for the "
+                      "pipeline", soft_wrap=True)
     if len(stages) == 1:
         _recommend(console, _served(reports), budget, "this run")
         return 0
