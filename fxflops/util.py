@@ -16,9 +16,9 @@ _warned: set[str] = set()
 @contextlib.contextmanager
 def stop_signals_blocked() -> Any:
     """Threads started inside take SIGTERM and SIGINT blocked (a thread inherits its
-    creator's mask): the kernel then delivers them to a thread that lets Python run the
-    handler. Else one could land on fxflops' thread while the main thread sleeps in C (a
-    multiprocessing worker waiting on its queue), and the process would never act on it."""
+    creator's mask). POSIX lets a signal sent to the process land on any thread that does
+    not block it; Python runs handlers on the main thread only, so one that landed on
+    fxflops' thread while the main thread waits in C would wake nothing there."""
     import signal
 
     stop = {signal.SIGTERM, signal.SIGINT}
