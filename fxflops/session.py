@@ -329,9 +329,12 @@ def _install_signal_handlers() -> None:
             signal.signal(signum, _on_signal)
         except (ValueError, OSError) as e:
             warn_once(f"signal:{signum}", "fxflops: no report on signal %s (%s)", signum, e)
+    _watch_sigterm()
 
 
 def _on_signal(signum: int, frame: Any) -> Any:
+    if signum == signal.SIGTERM:
+        _TERM_STARTED[0] = time.monotonic()
     rec = recording.current()
     if isinstance(rec, Session):
         if getattr(rec._flushing, "now", False):
@@ -364,7 +367,95 @@ def _continue_signal(signum: int, frame: Any) -> Any:
     return None
 
 
+# --- a SIGTERM Python did not act on ---------------------------------------------------------
+# Where SIGTERM's action was the default (the process ends at once), fxflops' handler makes
+# it a Python handler, which runs when the main thread next runs Python. A main thread that
+# the signal wakes in C can miss it under load (seen: a multiprocessing worker waiting on
+# its queue's lock, terminated by Pool.terminate): the handler never runs, the process never
+# ends. A watcher sees each SIGTERM arrive (Python's signal wakeup fd, where the host has
+# none) and, if the handler has not started within a second, sends it again to the main
+# thread (at most three times).
+
+_TERM_STARTED = [0.0]  # when _on_signal last started on SIGTERM (time.monotonic)
+_WAKEUP: list[int] = []  # the watcher's pipe (read end, write end), while fxflops owns it
+
+
+def _watch_sigterm() -> None:
+    """(On the main thread.) Watch SIGTERM where fxflops made it a Python handler."""
+    if _WAKEUP or _HOOKED.get(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        return
+    try:
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    if previous != -1:  # the host's (an event loop's): it stays the host's, unwatched
+        signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    _WAKEUP[:] = [read_fd, write_fd]
+    watcher = threading.Thread(target=_sigterm_watcher, args=(read_fd,),
+                               name="fxflops-sigterm", daemon=True)
+    with stop_signals_blocked():
+        watcher.start()
+
+
+def _sigterm_watcher(read_fd: int) -> None:
+    main = threading.main_thread()
+    while True:
+        try:
+            arrived_signals = os.read(read_fd, 512)
+        except OSError:
+            return
+        if not arrived_signals:
+            return
+        if signal.SIGTERM not in arrived_signals:
+            continue
+        arrived = time.monotonic()
+        for _ in range(3):
+            time.sleep(1.0)
+            if _TERM_STARTED[0] >= arrived - 1.0 or not main.is_alive() or \
+                    signal.getsignal(signal.SIGTERM) is not _on_signal:
+                break  # acted on (or no longer fxflops' to act on)
+            try:
+                signal.pthread_kill(main.ident or 0, signal.SIGTERM)
+            except (OSError, ValueError):
+                return
+        _drain(read_fd)  # the echoes of what was sent again
+
+
+def _drain(fd: int) -> None:
+    try:
+        os.set_blocking(fd, False)
+        while os.read(fd, 512):
+            pass
+    except OSError:  # BlockingIOError: nothing more
+        pass
+    finally:
+        try:
+            os.set_blocking(fd, True)
+        except OSError:
+            pass
+
+
 def _after_fork_in_child() -> None:
+    if _WAKEUP:  # the parent's pipe: the child watches its own
+        for fd in _WAKEUP:
+            os.close(fd)
+        _WAKEUP.clear()
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:
+            pass
+        else:
+            _watch_sigterm()
     rec = recording.current()
     if rec is None:
         return

@@ -158,6 +158,35 @@ def test_the_signal_path_imports_nothing(tmp_path):
     assert sum(r["calls"] for r in report["graphs"][0]["rows"]) == 4
 
 
+_SIGTERM_NOT_ACTED_ON = """
+import os, signal, sys, threading, time, torch, fxflops
+from fxflops import session
+
+f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"))
+f(torch.randn(3))
+assert session._WAKEUP, "fxflops watches the SIGTERM it made a Python handler"
+# a SIGTERM whose arrival the watcher sees (its byte on the wakeup pipe) but whose handler
+# never ran: what a main thread woken in C under load can do
+read_fd, write_fd = os.pipe()
+threading.Thread(target=session._sigterm_watcher, args=(read_fd,), daemon=True).start()
+started = time.monotonic()
+os.write(write_fd, bytes([signal.SIGTERM]))
+time.sleep(30)
+print("never acted on", flush=True)
+"""
+
+
+def test_a_sigterm_python_did_not_act_on_is_sent_again(tmp_path):
+    out = tmp_path / "out"
+    started = time.monotonic()
+    proc = host(tmp_path, _SIGTERM_NOT_ACTED_ON, env={"FXFLOPS_OUT": str(out)})
+    assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr[-3000:]
+    assert "never acted on" not in proc.stdout
+    assert time.monotonic() - started < 25  # sent again after a second, not at the end
+    (report,) = load_reports([out])  # the handler ran: the report is there
+    assert sum(r["calls"] for r in report["graphs"][0]["rows"]) == 1
+
+
 _SIGNALS_DURING_CALLS = """
 import os, signal, sys, time, torch, fxflops
 
@@ -330,12 +359,19 @@ def work(i):
     f = torch.compile(lambda x: x * 2, backend=fxflops.backend(inner="eager"), dynamic=True)
     for n in range(2, 40):
         f(torch.randn(n))
+    rec = fxflops.recorder()
+    if not hasattr(rec, "slow"):  # each flush now takes 0.4 s: terminate lands in one
+        write, rec.slow = rec._write_report_only, True
+        rec._write_report_only = lambda path: (time.sleep(0.4), write(path))
     return os.getpid()
 
 if __name__ == "__main__":
     pool = mp.get_context("spawn").Pool(4)
     pids = set(pool.map(work, range(8)))
-    time.sleep(0.3)  # the workers flush every 0.1 s: some are writing now
+    # the workers flush every 0.1 s, each for 0.4 s: all are writing now (and their main
+    # threads wait on the task queue's lock, which terminate holds: the SIGTERM they miss
+    # there is sent again by fxflops)
+    time.sleep(0.3)
     pool.terminate()
     pool.join()
     print("workers", *sorted(pids), flush=True)
