@@ -341,8 +341,7 @@ class InstrumentedGraph(_Serializable):
             # an instance attribute too: torch._dynamo.disable wraps a backward graph in a
             # function that copies the instance's __dict__, and AOTAutograd reads it there
             self._boxed_call = True
-            self.__class__ = _BoxedSpecialGraph if special else (
-                _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
+            self.__class__ = _BoxedSpecialGraph if special else _BoxedGraph
         elif special:
             self.__class__ = _SpecialGraph
 
@@ -470,23 +469,12 @@ class _BoxedGraph(InstrumentedGraph):
             if getattr(e, _HOST, False):
                 raise
             return self._call_special(args)
+        if self._passes is not None:  # a backward graph: the pass it runs in
+            self._passes.note(row.size)
         t0 = _now()
         out = self._run(args)
         row.add(_now() - t0)
         return out
-
-
-class _BoxedBackwardGraph(_BoxedGraph):
-    """A backward graph: also notes the backward pass it runs in (one autograd graph task
-    per ``loss.backward()``; ``recording.BackwardPasses``)."""
-
-    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
-        try:
-            self._passes.note(self._rows[self._key(args)].size)  # type: ignore[union-attr]
-        except Exception as e:  # a new size: the special path notes it
-            if getattr(e, _HOST, False):
-                raise
-        return _BoxedGraph.__call__(self, args)
 
 
 class _BoxedSpecialGraph(_BoxedGraph):

@@ -74,29 +74,23 @@ def _peak(raw: str) -> float | None:
     return value
 
 
-def _count(raw: str) -> int | None:
-    if not raw.strip():
-        return None
-    value = int(raw.strip())
-    if value < 0:
-        raise ValueError("must be a whole number, 0 or more")
-    return value
+def _optional_whole(low: int, high: int | None, message: str
+                    ) -> Callable[[str], int | None]:
+    """A whole number from ``low`` to ``high`` (no bound: None); blank: None (unset)."""
+    def parse(raw: str) -> int | None:
+        if not raw.strip():
+            return None
+        value = int(raw.strip())
+        if value < low or (high is not None and value > high):
+            raise ValueError(message)
+        return value
+
+    return parse
 
 
-def _port(raw: str) -> int | None:
-    if not raw.strip():
-        return None
-    value = int(raw.strip())
-    if not 1 <= value <= 65535:
-        raise ValueError("must be a port number, 1 to 65535")
-    return value
-
-
-def _rank(raw: str) -> int | None:
-    value = int(raw.strip())
-    if value < 0:
-        raise ValueError("must be 0 or more")
-    return value
+_count = _optional_whole(0, None, "must be a whole number, 0 or more")
+_port = _optional_whole(1, 65535, "must be a port number, 1 to 65535")
+_rank = _optional_whole(0, None, "must be 0 or more")
 
 
 ENABLED = Variable("FXFLOPS", _flag, False,

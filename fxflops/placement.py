@@ -62,9 +62,15 @@ def label(ranks: dict[str, Any]) -> str:
     """A short name of a placement: ``dp1 pp0 tp1`` (the parallelisms that are there)."""
     parts = [f"{k}{ranks[k]}" for k in ("dp", "pp", "tp")
              if k in ranks and (ranks.get(f"{k}_size") or 1) > 1]
-    if not parts and "rank" in ranks:
+    if not parts and ranks.get("rank") is not None:
         parts = [f"rank{ranks['rank']}"]
     return " ".join(parts)
+
+
+def place_of(process: dict[str, Any]) -> str:
+    """A report's process by its place (``pp1 tp0``, ``rank1``), else its pid."""
+    ranks = {**(process.get("ranks") or {}), "rank": process.get("rank")}
+    return label(ranks) or f"pid {process.get('pid')}"
 
 
 def shared_run_id(candidate: str) -> str | None:

@@ -57,8 +57,9 @@ class GraphRecord:
         self.active = self.rows
         self.warmup: dict[str, dict[Any, SizeStats]] = {}
         self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
-        # the process's backward passes (a backward graph's calls note theirs there)
-        self.passes = BackwardPasses()
+        # the process's backward passes (a backward graph's calls note theirs there; set
+        # by ``Recorder.register``)
+        self.passes: BackwardPasses | None = None
         # the kernels Inductor made of it (fxflops.kernels.KernelCost), when mapped
         self.kernels: list[Any] | None = None
         self.max_sizes = config.MAX_SIZES.get()
@@ -143,14 +144,15 @@ class BackwardPasses:
     step's figures are divided by (``fxflops.steps``)."""
 
     def __init__(self) -> None:
+        import torch  # (the store imports no torch until a backward graph records)
+
         self.by_size: dict[Any, int] = {}
         self._last: int | None = None
+        self._task_id = torch._C._current_graph_task_id
 
     def note(self, size: Any) -> None:
         """(From a backward graph's call.) Count the pass it runs in, once."""
-        import torch
-
-        task = torch._C._current_graph_task_id()
+        task = self._task_id()
         if task != self._last:
             self._last = task
             self.by_size[size] = self.by_size.get(size, 0) + 1

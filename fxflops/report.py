@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fxflops.cost import CostAt, Count, Rollup
 from fxflops.placement import FIELDS as PLACEMENT_FIELDS
-from fxflops.placement import label as placement_label
-from fxflops.placement import placement
+from fxflops.placement import place_of, placement
 from fxflops.stats import SizeStats, parse_size, throughput
 from fxflops.util import atomic_text
 
@@ -703,8 +702,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[
         proc = rep["process"]
         ranks = {k: v for k, v in (proc.get("ranks") or {}).items() if k != "rank"}
         tags = {"run": run_id(rep), "rank": proc.get("rank"), "pid": proc.get("pid"), **ranks,
-                "place": placement_label({**ranks, "rank": proc.get("rank")})
-                or f"pid {proc.get('pid')}"}
+                "place": place_of(proc)}
         if rep.get("collectives"):  # FSDP2's, outside the graphs (fxflops.steps per step)
             tags["collective_bytes_total"] = sum(v["bytes"] for v in rep["collectives"].values())
         seen: dict[str, int] = {}

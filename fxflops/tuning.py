@@ -107,15 +107,12 @@ def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
     out = []
     for size, group in sorted(by_size.items()):
         calls = sum(s.calls for s in group)
-        scheduled: dict[int, int] = defaultdict(int)
-        for s in group:
-            for n, c in s.scheduled.items():
-                scheduled[n] += c
+        scheduled = traffic(group)  # the replicas' scheduled tokens, added
         kinds = {s.kind for s in group}
         median = sum(s.median_ms * s.calls for s in group) / calls if calls else \
             max(s.median_ms for s in group)
         out.append(Served(size, calls, median, group[0].kind if len(kinds) == 1 else GENERAL,
-                          dict(scheduled)))
+                          scheduled))
     return out
 
 

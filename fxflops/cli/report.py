@@ -16,7 +16,7 @@ from rich.table import Table
 from fxflops.cli.main import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
 from fxflops.merge import describe, merge_rows, merge_steps, merged_anything
-from fxflops.placement import label as placement_label
+from fxflops.placement import place_of
 from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
 from fxflops.steps import training_steps
 from fxflops.util import write_output
@@ -273,10 +273,7 @@ def _where(r: dict[str, Any]) -> str:
 
 
 def _place(report: dict[str, Any]) -> str:
-    proc = report["process"]
-    ranks = {**(proc.get("ranks") or {}), "rank": proc.get("rank")}
-    return placement_label({k: v for k, v in ranks.items() if v is not None}) or \
-        f"pid {proc.get('pid')}"
+    return place_of(report["process"])
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:

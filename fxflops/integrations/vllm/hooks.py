@@ -272,17 +272,13 @@ def install_mode2_backend() -> None:
     _patch(compilation.CompilationConfig, "init_backend", "mode2", wrap)
 
 
-def kernels_setting() -> int | None:
-    from fxflops.backends import kernels_setting as setting
-
-    return setting()
-
-
 def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
     ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
     instruments each graph once."""
     from vllm.compilation import backends
+
+    from fxflops.backends import kernels_setting
 
     def wrap(original: Any) -> Any:
         return passthrough(original, after=_instrument_piece, what="piecewise graph")

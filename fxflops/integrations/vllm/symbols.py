@@ -50,7 +50,6 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("vllm.v1.executor.multiproc_executor", "WorkerProc.shutdown", ("self",),
            "flush at a worker's shutdown"),
     Symbol("vllm.distributed.parallel_state", "model_parallel_is_initialized"),
-    Symbol("vllm.distributed.parallel_state", "get_tensor_model_parallel_rank"),
     Symbol("vllm.distributed.parallel_state", "get_tp_group"),
     Symbol("vllm.distributed.parallel_state", "get_pp_group"),
     # data parallelism: the DP size a dense model's engines drop (hooks.install_dp_size_note)
