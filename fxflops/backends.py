@@ -341,7 +341,8 @@ class InstrumentedGraph(_Serializable):
             # an instance attribute too: torch._dynamo.disable wraps a backward graph in a
             # function that copies the instance's __dict__, and AOTAutograd reads it there
             self._boxed_call = True
-            self.__class__ = _BoxedSpecialGraph if special else _BoxedGraph
+            self.__class__ = _BoxedSpecialGraph if special else (
+                _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
         elif special:
             self.__class__ = _SpecialGraph
 
@@ -469,8 +470,24 @@ class _BoxedGraph(InstrumentedGraph):
             if getattr(e, _HOST, False):
                 raise
             return self._call_special(args)
-        if self._passes is not None:  # a backward graph: the pass it runs in
-            self._passes.note(row.size)
+        t0 = _now()
+        out = self._run(args)
+        row.add(_now() - t0)
+        return out
+
+
+class _BoxedBackwardGraph(_BoxedGraph):
+    """A backward graph: also notes the backward pass it runs in (one autograd graph task
+    per ``loss.backward()``; ``recording.BackwardPasses``)."""
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        try:
+            row = self._rows[self._key(args)]
+        except Exception as e:
+            if getattr(e, _HOST, False):
+                raise
+            return self._call_special(args)  # (which notes the pass too)
+        self._passes.note(row.size)  # type: ignore[union-attr]
         t0 = _now()
         out = self._run(args)
         row.add(_now() - t0)

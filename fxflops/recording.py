@@ -53,7 +53,6 @@ class GraphRecord:
         self.rows: dict[Any, SizeStats] = {}
         # the rows calls go to now (``rows``, or a warm-up phase's), and the callables
         # that read them on their hot path, rebound when the phase changes
-        self.phase = SERVING
         self.active = self.rows
         self.warmup: dict[str, dict[Any, SizeStats]] = {}
         self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -111,7 +110,6 @@ class GraphRecord:
     def enter_phase(self, phase: str) -> None:
         """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's)."""
         with self._lock:
-            self.phase = phase
             self.active = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
             for graph in list(self.readers):
                 graph._rows = self.active
