@@ -144,15 +144,17 @@ def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: di
     prof = row.kernel_profile
     out = []
     for k, s, extra in zip(kernels, static, runtime):
-        entry = {**s, "flops": s["flops"] + extra,
-                 "matmul_flops": s["matmul_flops"] + (extra if k.runtime_coeff != 0 else 0)}
-        entry["intensity"] = entry["flops"] / entry["bytes"] if entry["bytes"] else None
+        # (run-time FLOPs go only to kernels holding run-time nodes: ``runtime_shares``)
+        entry = {**s, "flops": s["flops"] + extra, "matmul_flops": s["matmul_flops"] + extra}
         samples = prof.samples.get(k.name) if prof is not None else None
         if samples:
             entry["median_ms"] = median(samples) / 1e6
             entry.update(throughput(entry["flops"], entry["matmul_flops"], entry["bytes"],
                                     entry["median_ms"] / 1e3, peak.get("tflops"),
                                     peak.get("gbps"), 0))
+        else:  # not timed: its intensity only
+            entry["intensity"] = throughput(entry["flops"], 0, entry["bytes"], 0, None,
+                                            None)["intensity"]
         out.append(entry)
     result: dict[str, Any] = {"kernels": out}
     if prof is not None and prof.calls:

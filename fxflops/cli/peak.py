@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     n = args.n or (8192 if cuda else 1024)
     if args.measure:
         return _measure_and_keep(device, n)
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    table = current_peak(name if cuda else None, dtype)
+    from fxflops.backends import device_name
+
+    name = device_name(device)  # as the reports name it: their peak (measured ones too)
+    table = current_peak(name, dtype)
     tflops, gbps = measure(device, dtype, n)
     print(f"device: {name}  dtype: {dtype}  matmul {n}x{n}")
     print(f"table peak:   {table['tflops'] or '-'} TFLOP/s  {table['gbps'] or '-'} GB/s  "
