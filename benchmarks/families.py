@@ -41,7 +41,7 @@ def main() -> None:
     from vllm.v1.metrics.perf import ExecutionContext
 
     from fxflops.integrations.vllm.forward import window_pairs
-    from fxflops.report import load_reports
+    from fxflops.report.files import load_reports
 
     print("| family | what it has | decode FLOPs ctx~17 / ~161 | decode bytes ctx~17 / ~161 "
           "| prefill static / attention |")

@@ -100,7 +100,7 @@ def main() -> None:
     bare(*a), ours(*a)
 
     # 2. the bookkeeping alone: the same record around a callable that does nothing
-    from fxflops.backends import InstrumentedGraph
+    from fxflops.instrument.wrap import InstrumentedGraph
 
     def noop(*a):
         return None

@@ -15,7 +15,7 @@ import os
 import torch
 
 import fxflops
-from fxflops.demo_model import DemoConfig, DemoDecoder
+from fxflops.cli.demo_model import DemoConfig, DemoDecoder
 
 
 def run(model, sizes, dynamic: bool, inner: str, iters: int, out: str) -> str:

@@ -10,21 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# the public API, by the module that defines each name (loaded at first use)
 _LAZY = {
-    "analyze": "fxflops.analysis",
-    "GraphCost": "fxflops.cost",
-    "NodeCost": "fxflops.cost",
-    "CostAt": "fxflops.cost",
+    "analyze": "fxflops.cost.analysis",
+    "GraphCost": "fxflops.cost.graph_cost",
+    "NodeCost": "fxflops.cost.graph_cost",
+    "CostAt": "fxflops.cost.graph_cost",
     # through analysis, which loads the built-in formulas first: a user's registration
-    # then always replaces a built-in one, never the other way round
-    "register_formula": "fxflops.analysis",
-    "register_zero_flop": "fxflops.analysis",
-    "register_bytes": "fxflops.analysis",
-    "register_io_bytes": "fxflops.analysis",
-    "backend": "fxflops.backends",
-    "recorder": "fxflops.session",
-    "reset_recorder": "fxflops.session",
-    "load_report": "fxflops.report",
+    # then always comes after the built-in ones
+    "register_formula": "fxflops.cost.analysis",
+    "register_zero_flop": "fxflops.cost.analysis",
+    "register_bytes": "fxflops.cost.analysis",
+    "register_io_bytes": "fxflops.cost.analysis",
+    "backend": "fxflops.instrument.backend",
+    "recorder": "fxflops.outputs.session",
+    "reset_recorder": "fxflops.outputs.session",
+    "load_report": "fxflops.report.files",
 }
 
 __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
@@ -34,17 +35,17 @@ __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
 ]
 
 if TYPE_CHECKING:
-    from fxflops.analysis import analyze
-    from fxflops.backends import backend
-    from fxflops.cost import CostAt, GraphCost, NodeCost
-    from fxflops.registry import (
+    from fxflops.cost.analysis import analyze
+    from fxflops.cost.graph_cost import CostAt, GraphCost, NodeCost
+    from fxflops.cost.registry import (
         register_bytes,
         register_formula,
         register_io_bytes,
         register_zero_flop,
     )
-    from fxflops.report import load_report
-    from fxflops.session import recorder, reset_recorder
+    from fxflops.instrument.backend import backend
+    from fxflops.outputs.session import recorder, reset_recorder
+    from fxflops.report.files import load_report
 
 
 def __getattr__(name: str) -> Any:

@@ -161,23 +161,6 @@ def warn_unknown_variables() -> None:
                   name, hint)
 
 
-def run_id() -> str:
-    """This run's id: ``FXFLOPS_RUN_ID``, or a torch.distributed job's (every rank's the
-    same: ``placement.shared_run_id``), or a new one; then exported so that the processes
-    this one starts (vLLM's engine and workers) report under the same run."""
-    current = RUN_ID.get()
-    if current is None:
-        import socket
-        import time
-
-        from fxflops.placement import shared_run_id
-
-        current = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
-        current = shared_run_id(current) or current
-        os.environ[RUN_ID.name] = current
-    return current
-
-
 def markdown_table() -> str:
     """The table docs/reference.md shows."""
     lines = ["| variable | default | effect |", "|---|---|---|"]

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from fxflops import config
+
 # the fields of a placement, in the order they are shown
 FIELDS = ("rank", "world", "dp", "dp_size", "pp", "pp_size", "tp", "tp_size", "node", "nodes")
 
@@ -48,8 +50,6 @@ def placement(info: dict[str, Any]) -> dict[str, int]:
     """This process's placement: what an integration noted in ``info["ranks"]`` over what
     torch.distributed or torchrun say, and ``FXFLOPS_RANK`` for the rank where nothing
     else does."""
-    from fxflops import config
-
     out = from_torch_distributed()
     out.update({k: v for k, v in (info.get("ranks") or {}).items() if v is not None})
     rank = config.RANK.get()
@@ -90,3 +90,20 @@ def shared_run_id(candidate: str) -> str | None:
         return "torchrun-" + "-".join(os.environ.get(k, "") for k in (
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"))
     return None
+
+
+def run_id() -> str:
+    """This run's id: ``FXFLOPS_RUN_ID``, or a torch.distributed job's (every rank's the
+    same: ``placement.shared_run_id``), or a new one; then exported so that the processes
+    this one starts (vLLM's engine and workers) report under the same run."""
+    current = config.RUN_ID.get()
+    if current is None:
+        import socket
+        import time
+
+        current = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        current = shared_run_id(current) or current
+        os.environ[config.RUN_ID.name] = current
+    return current
+
+

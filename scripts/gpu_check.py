@@ -102,7 +102,7 @@ def check_calls_in_flight(iters: int) -> tuple[bool, str]:
     import torch
 
     import fxflops
-    from fxflops.report import load_reports
+    from fxflops.report.files import load_reports
 
     model = mlp(8192, 4)
     x = torch.randn(4096, 8192, device="cuda", dtype=torch.bfloat16)
@@ -158,7 +158,7 @@ def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
     import torch
 
     import fxflops
-    from fxflops.timing import capture_registry
+    from fxflops.recording.cuda_events import capture_registry
 
     model = mlp(2048, 2)
     x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
@@ -230,7 +230,7 @@ def check_peak() -> tuple[bool, str]:
     import torch
 
     from fxflops.cli.peak import measure
-    from fxflops.peaks import current_peak
+    from fxflops.report.peaks import current_peak
 
     name = torch.cuda.get_device_name()
     table = current_peak(name, "bf16")
@@ -260,7 +260,7 @@ def check_vllm() -> tuple[bool | None, str]:
                           env={**os.environ, "FXFLOPS": "1"})
     if proc.returncode != 0:
         return False, f"vLLM mode 3: the run failed: {proc.stderr[-1500:]}"
-    from fxflops.report import load_reports
+    from fxflops.report.files import load_reports
 
     reports = load_reports([out])
     rows = [r for rep in reports for g in rep["graphs"] for r in g["rows"]]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxflops
-from fxflops.cost import GraphCost
+from fxflops.cost.graph_cost import GraphCost
 from tests import models
 
 
@@ -175,7 +175,7 @@ def test_node_meta_and_rollups():
           phases=[Phase.explicit, Phase.generate])
 @given(b=st.integers(2, 6), s=st.integers(2, 40))
 def test_symbolic_count_at_n_equals_concrete_count(b, s):
-    from fxflops.demo_model import DemoConfig, DemoDecoder
+    from fxflops.cli.demo_model import DemoConfig, DemoDecoder
 
     model = DemoDecoder(DemoConfig(layers=1, vocab=64, hidden=64, heads=4, kv_heads=2,
                                    intermediate=96)).eval()
@@ -282,3 +282,23 @@ def test_analysis_logs_nothing_for_supported_models(caplog):
     caplog.set_level(logging.WARNING, logger="fxflops")
     test_node_meta_and_rollups()
     assert not [r for r in caplog.records if r.name == "fxflops"]
+
+
+def test_a_second_registration_of_an_op_fails_unless_it_says_override():
+    """As torch's flop-counter registry: an op registered twice is refused, naming it; a
+    user replaces a built-in formula on purpose with ``override=True``."""
+    from fxflops.cost.registry import FORMULAS, IO_BYTES, DuplicateRegistration
+
+    original = FORMULAS["_C::onednn_mm"]
+    with pytest.raises(DuplicateRegistration, match="_C::onednn_mm"):
+        fxflops.register_formula("_C::onednn_mm", kind="matmul")(lambda *a, **k: 0)
+    assert FORMULAS["_C::onednn_mm"] is original
+    try:
+        fxflops.register_formula("_C::onednn_mm", kind="matmul", override=True)(
+            lambda *a, **k: 7)
+        assert FORMULAS["_C::onednn_mm"] is not original
+    finally:
+        FORMULAS["_C::onednn_mm"] = original
+    with pytest.raises(DuplicateRegistration, match="aten::embedding"):
+        fxflops.register_io_bytes(["aten::embedding"])(lambda *a, **k: 0)
+    assert "aten::embedding" in IO_BYTES

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.demo_model import DemoConfig, DemoDecoder
+from fxflops.cli.demo_model import DemoConfig, DemoDecoder
 from tests import procs
 
 SMALL = DemoConfig(layers=1, vocab=64, hidden=64, heads=4, kv_heads=2, intermediate=96)
@@ -85,12 +85,12 @@ def test_failure_inside_fxflops_is_logged_once_and_model_runs(fxflops_log):
 
 
 def test_analysis_failure_compiles_uninstrumented(monkeypatch, fxflops_log):
-    import fxflops.backends
+    import fxflops.instrument.plan
 
     def explode(*args, **kwargs):
         raise RuntimeError("analysis exploded")
 
-    monkeypatch.setattr(fxflops.backends, "analyze", explode)
+    monkeypatch.setattr(fxflops.instrument.plan, "analyze", explode)
     compiled = torch.compile(lambda x: x * 3, backend="fxflops")
     x = torch.randn(4)
     assert torch.equal(compiled(x), x * 3)
@@ -226,8 +226,8 @@ def test_periodic_log_line_and_flush(tmp_path, monkeypatch, caplog):
 def test_warmup_phases_are_recorded_apart_and_nest():
     """Calls inside ``recording.warmup`` go to that phase's rows (a graph compiled there
     too); the innermost phase counts; past the outermost, calls are traffic again."""
-    from fxflops.recording import SERVING, phase, warmup
-    from fxflops.report import validate
+    from fxflops.recording.phases import SERVING, phase, warmup
+    from fxflops.report.schema import validate
 
     compiled = torch.compile(lambda x: torch.relu(x @ x), backend=fxflops.backend(inner="eager"),
                              dynamic=True)

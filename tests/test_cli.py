@@ -16,7 +16,7 @@ import torch
 
 import fxflops
 from fxflops.cli.main import build_parser, main
-from fxflops.dump import annotate, readable_source
+from fxflops.outputs.dumps import annotate, readable_source
 from fxflops.util import human
 from tests import procs
 

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.merge import merge_steps
-from fxflops.report import flat_rows, load_reports
-from fxflops.steps import training_steps
+from fxflops.report.files import load_reports
+from fxflops.report.merge import merge_steps
+from fxflops.report.rows import flat_rows
+from fxflops.report.steps import training_steps
 from tests import procs
 
 SCRIPT = str(Path(__file__).with_name("dist_train.py"))

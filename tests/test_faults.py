@@ -347,7 +347,7 @@ def test_tune_of_two_runs_reads_graphs_without_symbols(tmp_path, capsys):
 def test_size_cap_is_checked_before_reading(tmp_path, capsys):
     import tracemalloc
 
-    from fxflops.report import MAX_REPORT_BYTES
+    from fxflops.report.files import MAX_REPORT_BYTES
 
     big = tmp_path / "big.json"
     with open(big, "wb") as f:

@@ -25,7 +25,8 @@ import torch
 from torch._subclasses import FakeTensorMode
 
 import fxflops
-from fxflops import formulas_vllm_gpu, registry
+from fxflops.cost import registry
+from fxflops.cost.formulas import vllm_gpu as formulas_vllm_gpu
 
 # vLLM 0.32 modules that register ops of these cases (imported, never redefined here)
 VLLM_MODULES: dict[str, str] = {
@@ -874,7 +875,7 @@ def one_node_graph(op: Any, named: dict[str, Any], out: Any) -> torch.fx.GraphMo
 def layer_registered(case: Case) -> Iterator[None]:
     """The case's stand-in for a GPU layer, registered under :data:`LAYER` where vLLM
     registers its layers (the current config's static forward context), which is where
-    ``fxflops.formulas_vllm._vllm_layer`` finds them."""
+    ``fxflops.cost.formulas.vllm._vllm_layer`` finds them."""
     if case.layer is None:
         with FakeTensorMode():
             yield

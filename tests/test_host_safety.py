@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.report import load_reports
+from fxflops.report.files import load_reports
 from tests import procs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_the_signal_path_imports_nothing(tmp_path):
 
 _SIGTERM_NOT_ACTED_ON = """
 import os, signal, sys, threading, time, torch, fxflops
-from fxflops import session
+from fxflops.outputs import session
 
 f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"))
 f(torch.randn(3))
@@ -488,7 +488,7 @@ def test_an_artifact_whose_plan_cannot_be_used_runs_uninstrumented(plan, fxflops
     report says why."""
     from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
 
-    from fxflops.backends import InstrumentedGraph
+    from fxflops.instrument.wrap import InstrumentedGraph
 
     gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
     inner_state = GraphModuleSerializableCallable.serialize_compile_artifacts(
@@ -529,7 +529,7 @@ def test_prometheus_with_nowhere_to_write_says_so(monkeypatch, fxflops_log):
 def test_the_call_path_reads_no_attribute_through_a_fallback():
     """Dynamo's wrapper reads the compiled callable's ``__name__`` on every call; a class
     ``__getattr__`` would run (and raise) there each time."""
-    from fxflops.backends import InstrumentedGraph
+    from fxflops.instrument.wrap import InstrumentedGraph
 
     compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"))
     compiled(torch.randn(2))
@@ -569,5 +569,5 @@ def test_a_call_through_torch_compile_adds_only_fxflops_own_step(plain, ours):
     backend = fxflops.backend(inner="eager") if ours.endswith("eager)") else ours
     theirs, mine = functions_called(plain), functions_called(backend)
     assert theirs - mine == Counter(), theirs - mine
-    assert mine - theirs == Counter({"backends.py:__call__": 10, "<string>:<lambda>": 10,
+    assert mine - theirs == Counter({"wrap.py:__call__": 10, "<string>:<lambda>": 10,
                                      "~:<built-in method time.perf_counter_ns>": 20})

@@ -21,9 +21,9 @@ import sympy
 import torch
 
 import fxflops
-from fxflops.cost import GraphCost, NodeCost
-from fxflops.demo_model import DemoConfig, DemoDecoder
-from fxflops.kernels import Shape, at_size, kernel_costs
+from fxflops.cli.demo_model import DemoConfig, DemoDecoder
+from fxflops.cost.graph_cost import GraphCost, NodeCost
+from fxflops.cost.kernels import Shape, at_size, kernel_costs
 from tests import procs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_profiled_calls_time_every_kernel_within_the_call(monkeypatch):
 
 
 def test_profiling_off_leaves_the_call_path_as_it_was():
-    from fxflops.backends import InstrumentedGraph
+    from fxflops.instrument.wrap import InstrumentedGraph
 
     mapped = []
     for kernels in (None, 0):
@@ -269,8 +269,8 @@ def test_peak_measure_is_kept_and_reached_again(tmp_path):
                         "--n", "512"], env=env)
     assert result.returncode == 0, result.stderr
     check = ("import json, platform\n"
-             "from fxflops.peaks import current_peak, load_measured\n"
-             "from fxflops.backends import device_name\n"
+             "from fxflops.report.peaks import current_peak, load_measured\n"
+             "from fxflops.instrument.plan import device_name\n"
              "from fxflops.cli.peak import measure\n"
              "kept = load_measured(device_name('cpu'))\n"
              "peak = current_peak(device_name('cpu'), 'fp32')\n"
@@ -294,7 +294,7 @@ def test_vllm_mode2_inductor_graph_kernels_at_every_size(tmp_path):
            "--backend", "fxflops", "--cache", str(tmp_path / "cache")]
     result = procs.run(cmd, timeout=900, cwd=ROOT, env={**os.environ, "FXFLOPS_KERNELS": "2"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    from fxflops.report import load_reports
+    from fxflops.report.files import load_reports
 
     (report,) = load_reports([out])
     (graph,) = report["graphs"]

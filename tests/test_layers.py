@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops import layers
+from fxflops.cost import layer_check as layers
 
 _LIB = torch.library.Library("fxflops_test", "DEF")
 _LIB.define("mystery_gemm(Tensor(a!) out, Tensor x, Tensor w) -> ()")

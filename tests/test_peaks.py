@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.peaks import DEVICES, current_peak, match_device
+from fxflops.report.peaks import DEVICES, current_peak, match_device
 
 
 @pytest.mark.parametrize("name,expected", [

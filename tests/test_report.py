@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.merge import describe, merge_rows
-from fxflops.report import ReportError, load_report, validate
+from fxflops.report.files import load_report
+from fxflops.report.merge import describe, merge_rows
+from fxflops.report.schema import ReportError, validate
 
 
 def _row(rank, flops, matmul, bytes_io, median_ms, calls):

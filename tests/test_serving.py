@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import fxflops
-from fxflops.metrics import RecorderCollector, write_files
+from fxflops.outputs.prometheus import RecorderCollector, write_files
 from tests import procs
 from tests.vllm_server import Server, process_labels
 
@@ -69,7 +69,7 @@ def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
     processes (an earlier run's) are removed when the exporter starts."""
     import torch
 
-    from fxflops import metrics
+    from fxflops.outputs import prometheus as metrics
     from tests.vllm_server import free_port, scrape
 
     port = free_port()
@@ -95,7 +95,7 @@ def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
         assert [v for (name, _), v in got.items() if name == "fxflops_graph_flops_total"] == \
             [2 * 3 * 4 * 4]
         # a second process of the node: the port is taken, it says nothing and writes on
-        taken = procs.run([sys.executable, "-c", "from fxflops import metrics; "
+        taken = procs.run([sys.executable, "-c", "from fxflops.outputs import prometheus as metrics; "
                            "print(metrics.serve_node())"],
                           env={**os.environ, "FXFLOPS_PROMETHEUS_PORT": str(port)})
         assert taken.stdout.strip() == "False" and "cannot serve" not in taken.stderr
@@ -211,8 +211,8 @@ def test_padding_waste_equals_the_hand_computed_one(padded_server):
 def test_profile_run_is_in_no_table_counter_or_tune_input(padded_server):
     """vLLM's memory-profiling forward (max_num_batched_tokens: 2048 here) is warm-up: in
     the JSON with its marker, and nowhere traffic is counted."""
-    from fxflops.report import flat_rows
-    from fxflops.tuning import served_sizes
+    from fxflops.report.rows import flat_rows
+    from fxflops.report.tuning import served_sizes
 
     _, metrics, reports, _ = padded_server
     (report,) = reports

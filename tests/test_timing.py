@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import fxflops
-from fxflops import backends
-from fxflops.stats import SizeStats
-from fxflops.timing import _REGISTRIES, CaptureRegistry, CudaEventTimer, harvest_all
+from fxflops.instrument import plan, wrap
+from fxflops.recording.cuda_events import _REGISTRIES, CaptureRegistry, CudaEventTimer, harvest_all
+from fxflops.recording.size_stats import SizeStats
+from fxflops.report.files import load_reports
 
 
 class FakeEvent:
@@ -107,17 +108,17 @@ def test_past_the_in_flight_cap_samples_are_lost_never_calls(fake_cuda):
 def compile_on_fake_gpu(monkeypatch, fake_cuda) -> None:
     """Graphs compiled from now on are planned for "cuda" and timed by CUDA events of the
     fake CUDA module (no GPU here)."""
-    monkeypatch.setattr(backends, "make_timer",
+    monkeypatch.setattr(wrap, "make_timer",
                         lambda device: CudaEventTimer(max_in_flight=256, cuda=fake_cuda))
-    real_plan = backends.plan
+    real_plan = wrap.plan
 
     def on_gpu(*args, **kwargs):
         graph_plan = real_plan(*args, **kwargs)
         graph_plan.device = "cuda"
         return graph_plan
 
-    monkeypatch.setattr(backends, "plan", on_gpu)
-    monkeypatch.setattr(backends, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(wrap, "plan", on_gpu)
+    monkeypatch.setattr(plan, "device_name", lambda device: "NVIDIA H200")
 
 
 def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypatch, tmp_path):
@@ -138,7 +139,7 @@ def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypat
     # a flush (the background thread's, or at exit) waits for what is in flight
     monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
     fxflops.recorder().flush()
-    (report,) = fxflops.report.load_reports([tmp_path / "out"])
+    (report,) = load_reports([tmp_path / "out"])
     (row,) = report["graphs"][0]["rows"]
     assert row["calls"] == n and row["timed_calls"] == 256 and row["lost_samples"] == n - 256
     assert row["median_ms"] == 1.0
@@ -168,7 +169,7 @@ def test_replays_of_a_captured_graph_are_in_the_report_after_a_flush(fake_cuda, 
         end.done = True
     monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
     fxflops.recorder().flush()
-    (report,) = fxflops.report.load_reports([tmp_path / "out"])
+    (report,) = load_reports([tmp_path / "out"])
     (row,) = report["graphs"][0]["rows"]
     assert row["calls"] == n + 1 and row["timed_calls"] == n + 1 and row["lost_samples"] == 0
     assert registry.missed == 0

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import fxflops
-from fxflops.steps import training_steps
+from fxflops.report.steps import training_steps
 from tests import procs
 from tests.models import SmallCNN
 
@@ -277,7 +277,7 @@ def test_inference_keeps_its_rows_and_other_inners_warn(fxflops_log):
 
 
 def test_a_failing_phase_runs_uninstrumented(monkeypatch, fxflops_log):
-    from fxflops.recording import GraphRecord
+    from fxflops.recording.store import GraphRecord
 
     def broken(self, key):
         raise RuntimeError("row exploded")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fxflops.cli.main import main
-from fxflops.tuning import CAPTURED, GENERAL, SPECIALISED, Served, recommend
+from fxflops.report.tuning import CAPTURED, GENERAL, SPECIALISED, Served, recommend
 from tests import procs
 
 
@@ -107,8 +107,8 @@ def test_replicas_add_traffic_and_shards_wait_for_the_slowest(tmp_path, capsys):
         data["process"] = {"pid": 10 + 2 * dp + tp, "rank": 2 * dp + tp,
                            "ranks": {"dp": dp, "dp_size": 2, "tp": tp, "tp_size": 2}}
         path.write_text(json.dumps(data))
-    from fxflops.report import load_reports
-    from fxflops.tuning import served_sizes
+    from fxflops.report.files import load_reports
+    from fxflops.report.tuning import served_sizes
 
     by_size = {s.size: s for s in served_sizes(load_reports([str(tmp_path)]))}
     assert by_size[4].calls == 150 and by_size[4].scheduled == {3: 150}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.merge import merge_rows
-from fxflops.report import load_reports
+from fxflops.report.files import load_reports
+from fxflops.report.merge import merge_rows
 from tests import procs
 
 vllm = pytest.importorskip("vllm")
@@ -152,7 +152,7 @@ def test_tp2_rank_reports_merge_to_tp1(cold, tmp_path):
     assert sorted(r["process"]["rank"] for r in reports) == [0, 1]
     assert sorted(p.name.split("-rank")[1] for p in tmp_path.glob("*.json")) == \
         ["0.json", "1.json"]
-    from fxflops.report import flat_rows
+    from fxflops.report.rows import flat_rows
 
     merged = {(r["graph"], r["size"]): r for r in merge_rows(flat_rows(reports))}
     (tp1,) = load_reports([cold[0]])
@@ -250,7 +250,7 @@ def test_flops_agree_with_vllm_perf_model(cold, tmp_path):
     # each new token sees its context and itself: 13 + 18 pairs
     import torch
 
-    from fxflops.registry import formula_for
+    from fxflops.cost.registry import formula_for
 
     ctx = ExecutionContext()
     ctx.add(1, 13, is_prefill=False)

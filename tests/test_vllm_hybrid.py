@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import sympy
 
-from fxflops.report import load_reports
+from fxflops.report.files import load_reports
 from tests import procs
 
 vllm = pytest.importorskip("vllm")

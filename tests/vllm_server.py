@@ -118,7 +118,7 @@ class Server:
         """/metrics (or another exporter's) and the report once the workers flushed after
         the last request (every second, FXFLOPS_FLUSH_S=1; an idle server runs no steps,
         so both then hold)."""
-        from fxflops.report import load_reports
+        from fxflops.report.files import load_reports
 
         for _ in range(30):
             time.sleep(1)

@@ -20,8 +20,8 @@ def main(out: str) -> None:
     from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
 
     import fxflops
-    from fxflops import metrics
     from fxflops.integrations.vllm.layers import note_model
+    from fxflops.outputs import prometheus as metrics
 
     lib = torch.library.Library("fxflops_test", "DEF")
     lib.define("vendor_gemm(Tensor(a!) out, Tensor x, Tensor w) -> ()")

@@ -9,9 +9,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
-from fxflops.merge import describe, merge_rows, merge_steps
-from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
-from fxflops.steps import training_steps
+from fxflops.report.figures import size_order
+from fxflops.report.files import load_reports, run_id
+from fxflops.report.merge import describe, merge_rows, merge_steps
+from fxflops.report.rows import flat_rows
+from fxflops.report.schema import ReportError
+from fxflops.report.steps import training_steps
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fxflops import config
-from fxflops.cli.main import positive_int
+from fxflops.cli.args import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, make_console
 
 DECODE = [(2, 1), (4, 1), (8, 1), (16, 1)]
@@ -45,21 +45,22 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    import fxflops
-    from fxflops.demo_model import DemoConfig, DemoDecoder, sdpa_flops
+    from fxflops.cli.demo_model import DemoConfig, DemoDecoder, sdpa_flops
+    from fxflops.instrument.backend import backend
+    from fxflops.outputs.session import recorder
 
     console = make_console()
     os.environ[config.OUT.name] = args.out  # this run's report and dumps go there
     torch.manual_seed(0)
     cfg = DemoConfig(layers=args.layers)
     model = DemoDecoder(cfg).eval()
-    compiled = torch.compile(model, backend=fxflops.backend(inner=args.inner), dynamic=True)
+    compiled = torch.compile(model, backend=backend(inner=args.inner), dynamic=True)
     sizes = DECODE + PREFILL
     console.print(f"[bold]fxflops demo[/]: {cfg.layers}-layer decoder, hidden {cfg.hidden}, "
                   f"GQA {cfg.heads}/{cfg.kv_heads} heads, inner backend {args.inner!r}; "
                   f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     expected: dict[tuple[int, tuple[int, ...]], int] = {}  # (graph, size key) -> FlopCounterMode count
-    rec = fxflops.recorder()
+    rec = recorder()
     start = time.perf_counter()
     with torch.inference_mode(), Progress(console=console, transient=True) as progress:
         task = progress.add_task("compiling and running", total=len(sizes) * args.iters)

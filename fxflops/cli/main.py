@@ -7,11 +7,10 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import NoReturn
 
-from fxflops.report import ReportError
+from fxflops.report.schema import ReportError
 
 EXIT_BAD_INPUT = 2
 
@@ -21,28 +20,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number from 0 (float() also reads "nan" and "inf": every comparison with
-    nan is false, so a nan threshold would pass nothing, and silently)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number from 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from fxflops.cli.main import positive_int
+from fxflops.cli.args import positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def measure(device: str, dtype_name: str, n: int, iters: int = 20) -> tuple[floa
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fxflops.peaks import current_peak
+    from fxflops.report.peaks import current_peak
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     n = args.n or (8192 if cuda else 1024)
     if args.measure:
         return _measure_and_keep(device, n)
-    from fxflops.backends import device_name
+    from fxflops.instrument.plan import device_name
 
     name = device_name(device)  # as the reports name it: their peak (measured ones too)
     table = current_peak(name, dtype)
@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure_and_keep(device: str, n: int) -> int:
     """``--measure``: a GEMM per dtype and a copy; kept for this device (``peaks``)."""
-    from fxflops.backends import device_name
-    from fxflops.peaks import match_device, save_measured
+    from fxflops.instrument.plan import device_name
+    from fxflops.report.peaks import match_device, save_measured
 
     name = device_name(device)
     dtypes = ("bf16", "fp16", "fp32") if device == "cuda" else ("fp32", "bf16")

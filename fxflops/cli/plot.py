@@ -10,9 +10,11 @@ from collections import defaultdict
 from math import prod
 from typing import Any
 
-from fxflops.merge import describe, merge_rows
-from fxflops.report import ReportError, flat_rows, load_reports, run_id
-from fxflops.stats import parse_size
+from fxflops.recording.size_stats import parse_size
+from fxflops.report.files import load_reports, run_id
+from fxflops.report.merge import describe, merge_rows
+from fxflops.report.rows import flat_rows
+from fxflops.report.schema import ReportError
 from fxflops.util import write_output
 
 

@@ -13,12 +13,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fxflops.cli.main import positive_int
+from fxflops.cli.args import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
-from fxflops.merge import describe, merge_rows, merge_steps, merged_anything
 from fxflops.placement import place_of
-from fxflops.report import ReportError, flat_rows, load_reports, run_id, size_order
-from fxflops.steps import training_steps
+from fxflops.report.figures import size_order
+from fxflops.report.files import load_reports, run_id
+from fxflops.report.merge import describe, merge_rows, merge_steps, merged_anything
+from fxflops.report.rows import flat_rows
+from fxflops.report.schema import ReportError
+from fxflops.report.steps import training_steps
 from fxflops.util import write_output
 
 

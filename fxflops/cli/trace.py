@@ -15,7 +15,8 @@ import json
 import sys
 from typing import Any
 
-from fxflops.report import ReportError, load_reports, run_id
+from fxflops.report.files import load_reports, run_id
+from fxflops.report.schema import ReportError
 from fxflops.util import write_output
 
 

@@ -19,11 +19,12 @@ from typing import Any
 
 from rich.table import Table
 
-from fxflops.cli.main import non_negative_float, positive_int
+from fxflops.cli.args import non_negative_float, positive_int
 from fxflops.cli.tables import fmt_pct, make_console
-from fxflops.report import ReportError, load_reports, run_id
-from fxflops.tuning import Served, by_stage, layout, pipeline_served, served_sizes, traffic
-from fxflops.tuning import recommend as recommend_one_run
+from fxflops.report.files import load_reports, run_id
+from fxflops.report.schema import ReportError
+from fxflops.report.tuning import Served, by_stage, layout, pipeline_served, served_sizes, traffic
+from fxflops.report.tuning import recommend as recommend_one_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

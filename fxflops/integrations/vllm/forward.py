@@ -16,7 +16,7 @@ vLLM has two model runners, and both are hooked:
   (``dummy_run=True``) counts nothing.
 
 Nothing here reads the device: the lengths are numpy arrays vLLM keeps on the host, and a
-GPU is timed by CUDA events read later (``fxflops.timing``).
+GPU is timed by CUDA events read later (``fxflops.recording.cuda_events``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, arguments
-from fxflops.recording import charge_runtime, coster
-from fxflops.session import recorder
+from fxflops.outputs.session import recorder
+from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.util import warn_once
 
 _state = threading.local()
@@ -104,7 +104,7 @@ def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
     attention runs outside piecewise graphs); the arithmetic is ``formulas_vllm``'s."""
     import torch
 
-    from fxflops.formulas_vllm import attention_costs
+    from fxflops.cost.formulas.vllm import attention_costs
 
     layers = runner.vllm_config.compilation_config.static_forward_context
     elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
@@ -164,7 +164,7 @@ def clock_of(runner: Any) -> Any:
     """The runner's clock: CUDA events on a GPU (made once per runner), else the CPU's."""
     timer = getattr(runner, "_fxflops_timer", None)
     if timer is None:
-        from fxflops.backends import make_timer
+        from fxflops.instrument.wrap import make_timer
 
         timer = make_timer(getattr(runner.device, "type", "cpu")) or _CpuClock()
         runner._fxflops_timer = timer

@@ -6,7 +6,7 @@
 - mode 3: ``CompilerManager.compile`` (which both compiles and loads from vLLM's cache)
   returns instrumented piecewise graphs named by piece and compile range;
 - warm-up: the worker's memory profiling, warm-up compiles and CUDA-graph capture run in a
-  warm-up phase (``fxflops.recording.warmup``): their calls are not traffic.
+  warm-up phase (``fxflops.recording.phases.warmup``): their calls are not traffic.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fxflops import config
+from fxflops.outputs.session import recorder
 from fxflops.patching import Patch, patch_method, subclasses
-from fxflops.session import recorder
 from fxflops.util import warn_once
 
 # every patch this module applied, so that ``uninstall`` can undo them (newest first)
@@ -199,7 +199,7 @@ def install_warmup_phases() -> None:
     are imported; idempotent, and a class loaded later is patched at the next call)."""
     import sys
 
-    from fxflops.recording import warmup
+    from fxflops.recording.phases import warmup
 
     roots: list[type] = []
     base = sys.modules.get("vllm.v1.worker.worker_base")
@@ -261,9 +261,9 @@ def install_mode2_backend() -> None:
         config = named["self"]
         note_vllm_config(named["vllm_config"])
         if config.mode in modes and config.backend != "fxflops":
-            import fxflops
+            from fxflops.instrument.backend import backend as fxflops_backend
 
-            return fxflops.backend(inner=backend, name="model{index}")
+            return fxflops_backend(inner=backend, name="model{index}")
         return None
 
     def wrap(original: Any) -> Any:
@@ -278,7 +278,7 @@ def install_piecewise_compiler() -> None:
     instruments each graph once."""
     from vllm.compilation import backends
 
-    from fxflops.backends import kernels_setting
+    from fxflops.instrument.wrap import kernels_setting
 
     def wrap(original: Any) -> Any:
         return passthrough(original, after=_instrument_piece, what="piecewise graph")
@@ -297,7 +297,8 @@ _PENDING_KERNELS: contextvars.ContextVar[tuple[Any, Any] | None] = \
 def _capturing_kernels(original: Callable[..., Any]) -> Callable[..., Any]:
     """Around vLLM's compile of a piece: its graph read before Inductor rewrites it, and the
     kernel map Inductor emits (a fresh compile, or Inductor's cache)."""
-    from fxflops import kernels
+    from fxflops.cost import kernels
+    from fxflops.instrument import provenance
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -305,7 +306,7 @@ def _capturing_kernels(original: Callable[..., Any]) -> Callable[..., Any]:
             shape = kernels.snapshot(arguments(original, args, kwargs)["graph"])
         except Exception:
             shape = None
-        with kernels.capture() as captured:
+        with provenance.capture() as captured:
             token = _PENDING_KERNELS.set((shape, captured))
             try:
                 return original(*args, **kwargs)
@@ -317,7 +318,7 @@ def _capturing_kernels(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
     """Analyse one piecewise graph and wrap its compiled callable, like any other graph."""
-    from fxflops.backends import kernels_setting, wrap_graph
+    from fxflops.instrument.wrap import kernels_setting, wrap_graph
 
     _note_rank()
     graph, compile_range = named["graph"], named["compile_range"]

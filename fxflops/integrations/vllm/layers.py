@@ -3,7 +3,7 @@
 Every model vLLM compiles passes through ``TorchCompileWithNoGuardsWrapper.__init__`` once
 it is built (``vllm/compilation/wrapper.py``; mode 2 and mode 3 alike): the plugin keeps a
 weak reference to it there (``note_model``), and when a graph of it is analysed the census
-describes its layers (``fxflops.layers.LayerSpec``), keyed by module path as the graph's
+describes its layers (``fxflops.cost.layer_check.LayerSpec``), keyed by module path as the graph's
 ``nn_module_stack`` names them:
 
 - linear layers (``LinearBase``: column/row-parallel, QKV, merged, replicated; quantised
@@ -24,8 +24,13 @@ from typing import Any
 
 import torch
 
-from fxflops.formulas_vllm import LAYER_LOOKUPS, attention_costs, moe_dims
-from fxflops.layers import LayerSpec, register_layer_source, type_name, unregister_layer_source
+from fxflops.cost.formulas.vllm import LAYER_LOOKUPS, attention_costs, moe_dims
+from fxflops.cost.layer_check import (
+    LayerSpec,
+    register_layer_source,
+    type_name,
+    unregister_layer_source,
+)
 
 # the models vLLM compiles in this process (several: a speculative decoder's drafter, an
 # encoder), and each one's census once made

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any
 
-from fxflops import config
+from fxflops import config, placement
 
 log = logging.getLogger(__name__)
 _installed: set[str] = set()
@@ -30,7 +30,7 @@ def enabled() -> bool:
 def register() -> None:
     """Entry point: vLLM calls this in every process."""
     try:
-        config.run_id()  # set before vLLM starts its engine and workers: they inherit it
+        placement.run_id()  # set before vLLM starts its engine and workers: they inherit it
         _settings_reach_ray_workers()
         _collect_worker_metrics()
         _install_dp_size_note()
@@ -61,7 +61,7 @@ def install() -> None:
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
         import torch._inductor.config as inductor_config
 
-        from fxflops.kernels import inductor_patches
+        from fxflops.instrument.provenance import inductor_patches
 
         for key, value in inductor_patches().items():
             section, name = key.split(".")
@@ -96,7 +96,7 @@ def _collect_worker_metrics() -> None:
         # this node's exporter (a node without the API server: ``--headless``; under
         # Ray, each worker node): its workers write to the node's folder for the port, and
         # the first vLLM process of the node, this one, serves it
-        from fxflops import metrics
+        from fxflops.outputs import prometheus as metrics
 
         metrics.serve_node()
         return  # the counters are on that port, not in vLLM's /metrics

@@ -1,0 +1,141 @@
+"""Planning a graph's instrumentation: its cost analysed (``GraphPlan``, picklable so it
+travels with an artifact), its record registered and dumped, its clock chosen, its
+kernels mapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fxflops import config
+from fxflops.cost import kernels as kernel_costs
+from fxflops.cost.analysis import analysis_version, analyze
+from fxflops.cost.binder import static_size
+from fxflops.cost.graph_cost import GraphCost
+from fxflops.outputs.session import host_raised, recorder
+from fxflops.recording.store import GraphRecord
+from fxflops.util import meta_value, warn_once
+
+if TYPE_CHECKING:
+    from fxflops.cost.kernels import KernelCost, Shape
+    from fxflops.recording.cuda_events import CudaEventTimer
+
+
+
+
+@dataclasses.dataclass
+class GraphPlan:
+    """What instrumenting a graph needs to know of it; picklable, so it travels with a
+    serialised artifact."""
+
+    cost: GraphCost
+    static_size: int | str
+    device: str  # "cuda" or "cpu": which clock times the calls
+    analysed_by: str = ""  # analysis_version() of the code that made ``cost``
+    # the kernels Inductor generated for it, with their costs (fxflops.kernels); None: not
+    # mapped (the feature off, another inner backend)
+    kernels: list[KernelCost] | None = None
+
+
+class NotInstrumentable(ValueError):
+    pass
+
+
+def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
+         backward: bool = False) -> GraphPlan:
+    """Analyse ``gm`` (shapes from its metadata, or propagated from ``example_inputs``);
+    ``backward``: an AOTAutograd backward graph (see ``analysis.analyze``)."""
+    cost = analyze(gm, example_inputs, backward=backward)
+    values = example_inputs if example_inputs is not None else [
+        meta_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    device = "cuda" if any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
+                           for x in values) else "cpu"
+    return GraphPlan(cost, static_size(gm), device, analysis_version())
+
+
+def kernels_setting(explicit: int | None = None) -> int | None:
+    """Kernel maps and profiling: ``backend(kernels=N)``, else ``FXFLOPS_KERNELS``; None:
+    off (nothing is captured, nothing changes on the call path)."""
+    return explicit if explicit is not None else config.KERNELS.get()
+
+
+def map_kernels(graph_plan: GraphPlan, record: GraphRecord,
+                 kernel_maps: tuple[Shape, list[dict[str, Any]]], pre_grad: bool) -> None:
+    """The graph's kernels and their costs, from the provenance mapping Inductor emitted
+    for it (the last one: the graph's own, after any it compiled inside)."""
+    shape, maps = kernel_maps
+    if not maps:
+        warn_once("kernels:nomap", "fxflops: no kernel map for graph %s (Inductor emitted no "
+                  "provenance mapping: another inner backend, or an artifact compiled without "
+                  "it)", record.name)
+        return
+    try:
+        graph_plan.kernels = kernel_costs.kernel_costs(graph_plan.cost, shape, maps[-1],
+                                                        pre_grad=pre_grad)
+        record.kernels = graph_plan.kernels
+        _dump(None, record)  # again: each node with its kernel
+    except Exception as e:
+        if host_raised(e):
+            raise
+        warn_once(f"kernels:{type(e).__name__}", "fxflops: kernels of graph %s not mapped "
+                  "(%s: %s)", record.name, type(e).__name__, e)
+
+
+def register_graph(graph_plan: GraphPlan, name: str, meta: dict[str, Any],
+              gm: torch.fx.GraphModule | None) -> GraphRecord:
+    """Register the graph, note the process's device and dtype (MFU's peak), and dump the
+    annotated graph when ``gm`` is given."""
+    record = recorder().register(name, graph_plan.cost, graph_plan.static_size, meta)
+    _describe_process(graph_plan)
+    if gm is not None:
+        _dump(gm, record)
+    return record
+
+
+def make_timer(device: str) -> CudaEventTimer | None:
+    """The clock for calls on ``device``: CUDA events on a GPU, None (the CPU clock) else."""
+    if device != "cuda":
+        return None
+    from fxflops.recording.cuda_events import CudaEventTimer
+
+    return CudaEventTimer()
+
+
+def _describe_process(graph_plan: GraphPlan) -> None:
+    from fxflops.report.peaks import DTYPE_NAMES
+
+    info = recorder().info
+    if "device" not in info:
+        try:
+            info["device"] = device_name(graph_plan.device)
+        except Exception:  # (an artifact loaded where its device is not)
+            info["device"] = graph_plan.device
+    # MFU's peak is the one of the dtype the matmuls ran in
+    dtype = DTYPE_NAMES.get(graph_plan.cost.matmul_dtype or "")
+    if dtype and "dtype" not in info:
+        info["dtype"] = dtype
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    import platform
+
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def _dump(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
+    try:
+        from fxflops.outputs.dumps import dump_graph
+
+        dump_graph(gm, record)
+    except Exception as e:
+        # one warning for the dumps, here or at a flush (session._write_report)
+        warn_once(f"dumps:{type(e).__name__}", "fxflops: no graph dumps (graph %s: %s: %s)",
+                  record.name, type(e).__name__, e)
+
+

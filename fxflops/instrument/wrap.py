@@ -1,0 +1,438 @@
+"""The instrumented callables, and the one way any graph gets one (:func:`wrap_graph`).
+
+Every path that instruments a graph (the backend, a training step's forward and backward
+graphs, vLLM's mode-2 and piecewise graphs, compiled or loaded from vLLM's cache, an AOT
+artifact loaded from disk) goes through :func:`wrap_graph`: plan (``instrument.plan``),
+register and dump, compile, wrap; and when fxflops fails, the inner callable runs as
+compiled, and the report names the graph, says why, and counts its calls.
+
+The classes here are the hot path: an :class:`InstrumentedGraph` per graph, whose class is
+chosen at construction for what its calls need (the CPU clock alone, run-time costs or a
+GPU, AOTAutograd's boxed convention, a backward pass to note). They are
+``SerializableCallable``: the plan travels with the inner artifact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
+
+from fxflops.cost import kernels as kernel_costs
+from fxflops.cost.analysis import analysis_version
+from fxflops.instrument import provenance
+from fxflops.instrument.plan import (
+    GraphPlan,
+    NotInstrumentable,
+    kernels_setting,
+    make_timer,
+    map_kernels,
+    plan,
+    register_graph,
+)
+from fxflops.outputs.session import host_raised, recorder
+from fxflops.recording import kernel_profile
+from fxflops.recording.runtime_costs import charge_runtime, coster
+from fxflops.recording.size_stats import SizeStats
+from fxflops.recording.store import GraphRecord, UninstrumentedGraph
+from fxflops.util import warn_once
+
+if TYPE_CHECKING:
+    from fxflops.cost.kernels import Shape
+    from fxflops.recording.cuda_events import CudaEventTimer
+
+
+def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any], *,
+               gm: torch.fx.GraphModule | None = None,
+               example_inputs: Sequence[Any] | None = None,
+               graph_plan: GraphPlan | None = None, backward: bool = False,
+               static_size: int | str | None = None, boxed: bool = False,
+               dynamo: bool = False, kernels: int | None = None,
+               kernel_maps: tuple[Shape, list[dict[str, Any]]] | None = None) -> Any:
+    """The one way a graph is instrumented.
+
+    Analyse ``gm`` (unless ``graph_plan`` is given: an artifact loaded from a cache),
+    register the graph and dump it before ``compile_inner()`` runs (Inductor's passes may
+    rewrite ``gm``), then wrap what it returns. ``name`` may hold ``{index}``. ``boxed``:
+    AOTAutograd's calling convention (one list of arguments); ``dynamo``: Dynamo calls the
+    result through its own disable wrapper (the inner's is then not needed again).
+
+    What ``compile_inner`` raises is the inner compile's and propagates (Dynamo's restarts
+    among it). When fxflops itself fails, the inner callable runs as compiled, and the
+    report names the graph, says why and counts its calls; warned once.
+
+    ``kernels`` (``kernels_setting``): map the graph's nodes to the kernels Inductor makes
+    of it (captured while ``compile_inner`` runs, or given in ``kernel_maps`` where the
+    compile ran before: vLLM's pieces), and profile that many calls per size.
+    """
+    record: GraphRecord | None = None
+    failure: BaseException | None = None
+    shape = None
+    try:
+        graph_plan = graph_plan or plan(gm, example_inputs, backward=backward)  # type: ignore[arg-type]
+        if static_size is not None:
+            graph_plan.static_size = static_size
+        if graph_plan.cost.binder is None:
+            raise NotInstrumentable("its size symbols are in no input's shape (sizes read "
+                                    "from tensor data, as .item() makes them)")
+        record = register_graph(graph_plan, name, meta, gm)
+        if kernels is not None and gm is not None and kernel_maps is None:
+            shape = kernel_costs.snapshot(gm)  # before Inductor's passes rewrite it
+    except Exception as e:
+        if host_raised(e):
+            raise
+        failure = e
+    try:
+        if shape is not None:
+            with provenance.capture() as captured, provenance.fresh_provenance(backward):
+                compiled = compile_inner()
+            kernel_maps = (shape, captured.maps())
+        else:
+            compiled = compile_inner()
+    except BaseException:
+        if record is not None:
+            recorder().unregister(record)
+        raise
+    if record is not None and graph_plan is not None and kernel_maps is not None:
+        map_kernels(graph_plan, record, kernel_maps, pre_grad=not boxed)
+    if record is not None and graph_plan is not None:
+        try:
+            if record.kernels is None and graph_plan.kernels is not None:
+                record.kernels = graph_plan.kernels  # an artifact's, loaded with its plan
+            return InstrumentedGraph(compiled, record, graph_plan,
+                                     make_timer(graph_plan.device), boxed=boxed, dynamo=dynamo,
+                                     kernels=kernels_setting(kernels) if graph_plan.kernels
+                                     else None)
+        except Exception as e:
+            if host_raised(e):
+                raise
+            recorder().unregister(record)
+            failure = e
+    return uninstrumented(compiled, name, failure, boxed=boxed)
+
+
+def uninstrumented(compiled: Any, name: str, failure: BaseException | None, *,
+                   boxed: bool = False) -> Any:
+    """``compiled`` running as it is, its calls counted, the graph and the reason in the
+    report (``Recorder.uninstrumented``)."""
+    reason = f"{type(failure).__name__}: {failure}" if failure is not None else "unknown"
+    entry = recorder().register_uninstrumented(name, reason)
+    warn_once(f"uninstrumented:{reason}", "fxflops: graph %s is not instrumented (%s); it "
+              "runs as compiled, its calls counted", entry.name, reason)
+    return (_CountedBoxedGraph if boxed else CountedGraph)(compiled, entry)
+
+
+
+
+
+
+_now = time.perf_counter_ns
+
+
+# set on an exception a host's signal handler raised (``session``): never fxflops' to catch
+_HOST = "_fxflops_host_raised"
+
+
+def _qualname(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve_class(name: str) -> Any:
+    module, _, qual = name.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _callable_of(inner: Any, dynamo: bool) -> Any:
+    """What the hot path calls. Under Dynamo's own disable wrapper (the backend's path),
+    an inner that is itself only a disable wrapper (Inductor's) is called unwrapped: one
+    eval-frame round trip per call, as Dynamo makes for a plain backend."""
+    if dynamo and getattr(inner, "_torchdynamo_disable", False) and \
+            getattr(inner, "_torchdynamo_disable_recursive", True):
+        from torch._dynamo.eval_frame import innermost_fn
+
+        return innermost_fn(inner)
+    return inner
+
+
+class _Serializable(SerializableCallable):
+    """A wrapper whose state travels with its inner artifact (vLLM's AOT cache)."""
+
+    inner: Any
+
+    @staticmethod
+    def _inner_state(inner: Any) -> dict[str, Any]:
+        if not isinstance(inner, SerializableCallable):
+            if getattr(inner, "serialize", None) is not None:
+                from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+                inner = BundledAOTAutogradSerializableCallable(inner)
+            elif isinstance(inner, torch.fx.GraphModule):
+                from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
+
+                inner = GraphModuleSerializableCallable(inner)
+            else:
+                raise RuntimeError(f"fxflops: inner callable {type(inner)} is not serialisable")
+        return {"inner_cls": _qualname(inner),
+                "inner": type(inner).serialize_compile_artifacts(inner)}
+
+    @staticmethod
+    def _load_inner(state: dict[str, Any]) -> Any:
+        return _resolve_class(state["inner_cls"]).deserialize_compile_artifacts(state["inner"])
+
+    def finalize_loading(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM calls this on an AOT artifact it loads; pass it on where the inner one has it
+        (Inductor's bundled callable has none: there is nothing to finish then)."""
+        finish = getattr(self.inner, "finalize_loading", None)
+        if finish is not None:
+            finish(*args, **kwargs)
+
+
+class InstrumentedGraph(_Serializable):
+    """A compiled graph that records, per call, its size and how long it took.
+
+    Per call on the CPU clock: the size key (``operator.itemgetter`` for the usual single
+    size symbol), one dict lookup, two clock reads, one ring-buffer slot. Sympy runs once
+    per new size, never per call. Graphs with run-time costs (vLLM attention), on a GPU, or
+    whose instrumentation gave up take ``_call_special``. Every attribute the call path
+    reads is bound here (no ``__getattr__``: Dynamo's wrapper reads ``__name__`` per call).
+    """
+
+    boxed = False
+    _rows: dict[Any, SizeStats]
+
+    def __init__(self, inner: Callable[..., Any], record: GraphRecord, graph_plan: GraphPlan,
+                 timer: CudaEventTimer | None = None, boxed: bool = False,
+                 dynamo: bool = False, kernels: int | None = None) -> None:
+        self.inner = inner
+        self._run = _callable_of(inner, dynamo)
+        self.record = record
+        self.plan = graph_plan
+        self.__name__ = self.__qualname__ = f"fxflops_{record.name}"
+        self._timer = timer
+        record.read_by(self)  # sets self._rows: the rows its calls go to (of this phase)
+        self._key = record.binder.key
+        # run-time costs (vLLM attention): their costers exist from now on, wired by an
+        # integration whenever it loads
+        for kind in record.runtime_kinds:
+            coster(kind)
+        self._runtime = bool(record.runtime_kinds)
+        # kernel profiling (``kernels=N``, a mapped graph): N calls per size go through
+        # torch.profiler; every call takes the special path while it is on
+        self._kernels_n = kernels if kernels and record.kernels else None
+        special = self._runtime or timer is not None or self._kernels_n is not None
+        # a backward graph notes the backward pass it runs in (steps are counted so)
+        self._passes = record.passes if record.meta.get("phase") == "backward" else None
+        # the same object, with the __call__ it needs (one that does more than read the
+        # CPU clock for a special one)
+        if boxed:
+            # an instance attribute too: torch._dynamo.disable wraps a backward graph in a
+            # function that copies the instance's __dict__, and AOTAutograd reads it there
+            self._boxed_call = True
+            self.__class__ = _BoxedSpecialGraph if special else (
+                _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
+        elif special:
+            self.__class__ = _SpecialGraph
+
+    # --- the hot path -----------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            row = self._rows[self._key(args)]
+        except Exception as e:  # a new size (KeyError), or something no longer readable
+            if getattr(e, _HOST, False):
+                raise
+            return self._call_special(args)
+        t0 = _now()
+        out = self._run(*args)
+        ns = _now() - t0
+        # SizeStats.add, inlined: this is the whole per-call bookkeeping (the sample in
+        # place before the call is counted)
+        n = row.count
+        row.window[n % row.cap] = ns
+        row.total_ns += ns
+        row.count = n + 1
+        return out
+
+    def _call_special(self, args: Sequence[Any]) -> Any:
+        """First call at a size, run-time costs, a GPU: the one place sympy runs (once per
+        new size) and run-time costers are asked. ``args``: the graph's arguments (a boxed
+        graph's one list)."""
+        try:
+            key = self._key(args)
+            row = self._rows.get(key) or self.record.new_row(key)
+            if self._runtime and row.runtime_terms:
+                charge_runtime(row)
+            if self._passes is not None:
+                self._passes.note(row.size)
+        except Exception as e:
+            if host_raised(e):
+                raise
+            return self._give_up(e, args)
+        call_args = (args,) if self.boxed else args
+        if self._kernels_n is not None and row is not self.record.overflow and (
+                row.kernel_profile is None or row.kernel_profile.calls < self._kernels_n):
+            # one of the N calls per size under torch.profiler (``kernels=N``)
+            out, profiled = kernel_profile.profile(lambda: self._timed(call_args, row), row,
+                                                  self.record.kernels or [], self.plan.device)
+            if not profiled:  # the calls run on as before, timed
+                self._kernels_n = None
+            return out
+        return self._timed(call_args, row)
+
+    def _timed(self, call_args: Sequence[Any], row: SizeStats) -> Any:
+        if self._timer is not None:
+            return self._timer.time_call(self._run, call_args, row)
+        t0 = _now()
+        out = self._run(*call_args)
+        row.add(_now() - t0)
+        return out
+
+    def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
+        self.__class__ = _UninstrumentedBoxedGraph if self.boxed else _UninstrumentedGraph
+        warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
+                  "(%s: %s); it runs uninstrumented from now on", self.record.name,
+                  type(error).__name__, error)
+        return self._run(args) if self.boxed else self._run(*args)
+
+    # --- SerializableCallable: the plan travels with the inner artifact ---------------
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: InstrumentedGraph) -> bytes:
+        # the plan pickled apart: one this process cannot unpickle (a class fxflops moved
+        # since) costs the instrumentation, never the inner artifact's load
+        state = {**cls._inner_state(fn.inner), "name": fn.record.name, "meta": fn.record.meta,
+                 "plan": pickle.dumps(fn.plan)}
+        return pickle.dumps(state)
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        """The inner artifact, instrumented with the plan it was saved with; if that plan
+        cannot be used here (fxflops changed, a class moved), the inner runs as loaded and
+        the report says so. Only an inner that cannot be loaded raises (the cache's own
+        error)."""
+        state = pickle.loads(data)
+        inner = cls._load_inner(state)
+        name, meta = state.get("name", "graph{index}"), {**state.get("meta", {}), "loaded": True}
+        try:
+            graph_plan = state["plan"]
+            if isinstance(graph_plan, bytes):
+                graph_plan = pickle.loads(graph_plan)
+            if graph_plan.analysed_by != analysis_version():
+                warn_once("stale-artifact", "fxflops: graph %s was loaded from a compiled "
+                          "artifact that other fxflops code analysed; its FLOPs and bytes may "
+                          "be stale (clear the compile cache, e.g. vLLM's VLLM_CACHE_ROOT, "
+                          "to redo them)", name)
+        except Exception as e:
+            return uninstrumented(inner, name, e)
+        return wrap_graph(lambda: inner, name, meta, graph_plan=graph_plan)
+
+
+class _SpecialGraph(InstrumentedGraph):
+    """An instrumented graph with run-time costs (vLLM attention) or on a GPU."""
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call_special(args)
+
+
+class _UninstrumentedGraph(InstrumentedGraph):
+    """A graph whose instrumentation failed: the inner callable, and nothing else."""
+
+    def __call__(self, *args: Any) -> Any:
+        return self._run(*args)
+
+
+class _BoxedGraph(InstrumentedGraph):
+    """AOTAutograd's boxed calling convention (``torch._functorch``'s ``_boxed_call``): the
+    arguments come as one list, which the inner callable may clear; the size is read
+    before it runs. (A forward or backward of a training step: milliseconds, so
+    ``SizeStats.add`` is called rather than inlined.)"""
+
+    boxed = True
+    _boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        try:
+            row = self._rows[self._key(args)]
+        except Exception as e:
+            if getattr(e, _HOST, False):
+                raise
+            return self._call_special(args)
+        t0 = _now()
+        out = self._run(args)
+        row.add(_now() - t0)
+        return out
+
+
+class _BoxedBackwardGraph(_BoxedGraph):
+    """A backward graph: also notes the backward pass it runs in (one autograd graph task
+    per ``loss.backward()``; ``recording.BackwardPasses``)."""
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        try:
+            row = self._rows[self._key(args)]
+        except Exception as e:
+            if getattr(e, _HOST, False):
+                raise
+            return self._call_special(args)  # (which notes the pass too)
+        self._passes.note(row.size)  # type: ignore[union-attr]
+        t0 = _now()
+        out = self._run(args)
+        row.add(_now() - t0)
+        return out
+
+
+class _BoxedSpecialGraph(_BoxedGraph):
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        return self._call_special(args)
+
+
+class _UninstrumentedBoxedGraph(_BoxedGraph):
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        return self._run(args)
+
+
+class CountedGraph(_Serializable):
+    """A graph fxflops could not instrument: the inner callable, its calls counted."""
+
+    def __init__(self, inner: Callable[..., Any], entry: UninstrumentedGraph) -> None:
+        self.inner = inner
+        self.entry = entry
+        self.__name__ = self.__qualname__ = f"fxflops_{entry.name}"
+
+    def __call__(self, *args: Any) -> Any:
+        self.entry.calls += 1
+        return self.inner(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: CountedGraph) -> bytes:
+        return pickle.dumps({**cls._inner_state(fn.inner), "name": fn.entry.name,
+                             "reason": fn.entry.reason})
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        state = pickle.loads(data)
+        return uninstrumented(cls._load_inner(state), state["name"],
+                              NotInstrumentable(state["reason"]))
+
+
+class _CountedBoxedGraph(CountedGraph):
+    _boxed_call = True
+
+    def __init__(self, inner: Callable[..., Any], entry: UninstrumentedGraph) -> None:
+        super().__init__(inner, entry)
+        self._boxed_call = True  # (see InstrumentedGraph: disable copies the __dict__)
+
+    def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        self.entry.calls += 1
+        return self.inner(args)
+
+

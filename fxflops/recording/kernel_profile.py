@@ -1,0 +1,132 @@
+"""Per-kernel time: N calls per size run under ``torch.profiler``, each kernel's events
+matched to the kernel map (``cost.kernels``) and noted in the row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxflops.cost.kernels import _HANDLE, CPP_EVENT, NONE, KernelCost
+
+
+class KernelProfile:
+    """The profiled calls of one (graph, size): each call's time, each kernel's per call,
+    and the first calls' timelines (``fxflops trace``)."""
+
+    __slots__ = ("calls", "call_ns", "kernels_ns", "samples", "trace", "unmatched")
+    TRACED = 8  # timelines kept per (graph, size)
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.call_ns: list[int] = []
+        self.kernels_ns: list[int] = []  # per call: its kernels' time, added
+        self.samples: dict[str, list[int]] = {}
+        # per call: (its ns, [(kernel, start ns from the profile's start, ns)])
+        self.trace: list[tuple[int, list[tuple[str, int, int]]]] = []
+        self.unmatched = 0  # kernels the profile showed no event of (a CUDA-graph replay)
+
+
+def op_event(kernel: str) -> str:
+    """The profiler event of an extern kernel's op: ``extern_kernels.mm`` -> ``aten::mm``,
+    ``torch.ops._C.foo.default`` -> ``_C::foo``."""
+    name = _HANDLE.sub("", kernel).removeprefix("torch.ops.")
+    if name.startswith("extern_kernels."):
+        return "aten::" + name.removeprefix("extern_kernels.")
+    parts = name.split(".")
+    if len(parts) >= 2:
+        return f"{parts[0]}::{parts[1]}"
+    return name
+
+
+def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tuple[Any, bool]:
+    """Run ``call()`` (the graph's call, timed as any other) under ``torch.profiler`` and
+    note each kernel's time in ``row.kernel_profile``. On a GPU the profiled call waits for
+    its kernels (only these N calls per size). Returns what the call returned, and whether
+    profiling worked: what the call raises propagates; fxflops' own failure is warned once
+    and the call's result returned."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from fxflops.util import warn_once
+
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    try:
+        prof = torch_profile(activities=activities)
+        prof.__enter__()
+    except Exception as e:
+        warn_once(f"kernel-profile:{type(e).__name__}", "fxflops: kernels not profiled "
+                  "(%s: %s)", type(e).__name__, e)
+        return call(), False
+    try:
+        t0 = time.perf_counter_ns()
+        out = call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        ns = time.perf_counter_ns() - t0
+    finally:
+        try:
+            prof.__exit__(None, None, None)
+        except Exception:
+            pass
+    try:
+        found = match_events(list(prof.events()), kernels, device)
+        note(row, ns, found, len([k for k in kernels if k.name != NONE]))
+    except Exception as e:
+        warn_once(f"kernel-profile:{type(e).__name__}", "fxflops: kernels not profiled "
+                  "(%s: %s)", type(e).__name__, e)
+        return out, False
+    return out, True
+
+
+def match_events(events: list[Any], kernels: list[KernelCost], device: str
+                 ) -> list[tuple[str, int, int]]:
+    """(kernel, start ns, ns) of each kernel event of one call, in order: generated kernels
+    by name (a C++ kernel's ``graph_<id>_<name>`` event; a GPU kernel's own), extern calls
+    by their op's event, in the order Inductor generated them (on a GPU: the time of the
+    device kernels the op launched)."""
+    generated = {k.name for k in kernels if not k.extern and k.name != NONE}
+    externs = [k.name for k in kernels if k.extern]
+    start0 = min((e.time_range.start for e in events), default=0)
+    out: list[tuple[str, int, int]] = []
+    next_extern = 0
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        match = CPP_EVENT.match(e.name)
+        name = match.group(1) if match else e.name
+        if name in generated and (on_device or device != "cuda"):
+            out.append((name, int((e.time_range.start - start0) * 1e3),
+                        int((e.time_range.end - e.time_range.start) * 1e3)))
+        elif (next_extern < len(externs) and not on_device
+              and e.name == op_event(externs[next_extern])
+              and not (e.cpu_parent is not None and "::" in e.cpu_parent.name)):
+            if device == "cuda":
+                ns = int(sum(k.duration for k in getattr(e, "kernels", [])) * 1e3)
+            else:
+                ns = int((e.time_range.end - e.time_range.start) * 1e3)
+            out.append((externs[next_extern], int((e.time_range.start - start0) * 1e3), ns))
+            next_extern += 1
+    return out
+
+
+def note(row: Any, call_ns: int, found: list[tuple[str, int, int]], expected: int) -> None:
+    prof = row.kernel_profile
+    if prof is None:
+        prof = row.kernel_profile = KernelProfile()
+    prof.calls += 1
+    prof.call_ns.append(call_ns)
+    prof.kernels_ns.append(sum(ns for _, _, ns in found))
+    per_kernel: dict[str, int] = {}
+    for name, _, ns in found:
+        per_kernel[name] = per_kernel.get(name, 0) + ns
+    for name, ns in per_kernel.items():
+        prof.samples.setdefault(name, []).append(ns)
+    prof.unmatched += max(0, expected - len(per_kernel))
+    if len(prof.trace) < KernelProfile.TRACED:
+        prof.trace.append((call_ns, found))
+
+

@@ -1,0 +1,71 @@
+"""Run-time costs: FLOPs and bytes known only when a call is made (vLLM attention: its
+(query, key) pairs and KV-cache tokens), charged to the call's row from late-bound
+costers that an integration wires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fxflops.recording.size_stats import SizeStats
+
+
+def _no_counts(window: int | None) -> None:
+    return None
+
+
+def _no_window(layer: str | None) -> None:
+    return None
+
+
+class RuntimeCoster:
+    """A late-bound source of run-time counts of one kind. For "attention": ``counts(window)``
+    gives the current call's (query, key) pairs and KV-cache context tokens with that
+    sliding window (None: none), and ``window_of(layer)`` a layer's window. Graphs hold the
+    object; an integration sets both whenever it loads, before or after the graphs were
+    compiled or deserialised."""
+
+    __slots__ = ("counts", "window_of")
+
+    def __init__(self) -> None:
+        self.counts: Callable[[int | None], tuple[int, int] | None] = _no_counts
+        self.window_of: Callable[[str | None], int | None] = _no_window
+
+
+# by kind; process-wide (not the recorder's): an integration wires them once, and graphs
+# and recorders made later, a reset one included, find them wired
+COSTERS: dict[str, RuntimeCoster] = {}
+
+
+def coster(kind: str) -> RuntimeCoster:
+    """The run-time coster of ``kind``, made unwired (counting nothing) on first use."""
+    found = COSTERS.get(kind)
+    if found is None:
+        found = COSTERS.setdefault(kind, RuntimeCoster())
+    return found
+
+
+def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) -> None:
+    """Add the current call's run-time FLOPs and bytes to ``row``: per group of layers that
+    share a window, its FLOPs per pair times the call's pairs, and its bytes per context
+    token times the call's context tokens. The groups are made at the row's first call."""
+    groups = row.runtime_groups
+    if groups is None:
+        merged: dict[tuple[str, int | None], list[int]] = {}
+        for kind, layer, flops, bytes_ in row.runtime_terms:
+            key = (kind, costers[kind].window_of(layer))
+            acc = merged.setdefault(key, [0, 0])
+            acc[0] += flops
+            acc[1] += bytes_
+        groups = row.runtime_groups = [(costers[k], w, f, b) for (k, w), (f, b) in merged.items()]
+    counted = False
+    for coster, window, flops, bytes_ in groups:
+        got = coster.counts(window)
+        if got is not None:
+            row.runtime_flops += flops * got[0]
+            row.runtime_bytes += bytes_ * got[1]
+            counted = True
+    if counted:
+        row.runtime_calls += 1
+
+

@@ -1,0 +1,155 @@
+"""Per (graph, size) statistics with bounded memory, and what they mean.
+
+The hot path only calls ``SizeStats.add``: a count, a sum and one slot of a fixed-size
+ring buffer. Medians and percentiles are computed when a report is made, never per call.
+"""
+
+from __future__ import annotations
+
+from array import array
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+from fxflops import config
+
+if TYPE_CHECKING:
+    from fxflops.cost.graph_cost import CostAt
+
+
+class SizeStats:
+    """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
+
+    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
+                 "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
+                 "runtime_groups", "scheduled", "captured", "kernel_profile", "__weakref__")
+
+    def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
+                 cap: int | None = None) -> None:
+        cap = cap or config.WINDOW.get()
+        self.key = key
+        self.size = size
+        self.cost = cost  # CostAt for this size (None for whole-forward rows)
+        self.count = 0  # calls made
+        self.total_ns = 0  # the samples' sum
+        # preallocated once per size: adding a sample is one store, no growth, no branch
+        self.window = array("q", bytes(8 * cap))
+        self.cap = cap
+        # samples taken: -1 while every call is timed as it returns (the CPU clock: then it
+        # is ``count``); CUDA events time a call after it was counted (``add_late``)
+        self.timed = -1
+        # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
+        # events were recorded again before they were read)
+        self.lost = 0
+        # FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
+        # cache read), summed over the calls that counted them
+        self.runtime_flops = 0
+        self.runtime_bytes = 0
+        self.runtime_calls = 0
+        # (kind, layer, FLOPs per pair, bytes per context token) of the run-time-costed ops
+        # at this size; grouped by sliding window at the first call (recording.charge_runtime)
+        self.runtime_terms: list[tuple[str, str | None, int, int]] = []
+        self.runtime_groups: list[tuple[Any, int | None, int, int]] | None = None
+        # whole forwards only: the tokens scheduled, per count of them, before the runner
+        # padded them to this row's size (vLLM under CUDA graphs); see note_scheduled
+        self.scheduled: dict[int, int] | None = None
+        # whole forwards only: how many ran as CUDA-graph replays (vLLM's runtime mode)
+        self.captured = 0
+        # the calls profiled per kernel (fxflops.recording.kernel_profile.KernelProfile), when asked
+        self.kernel_profile: Any = None
+
+    def add(self, ns: int) -> None:
+        """A call that returned after ``ns``: its sample is in place before it is counted
+        (a reader never sees a call without its sample)."""
+        n = self.count
+        self.window[n % self.cap] = ns
+        self.total_ns += ns
+        self.count = n + 1
+
+    # --- calls timed later (CUDA events): counted when made, timed when read ----------
+
+    def add_call(self) -> None:
+        """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
+        if self.timed < 0:
+            self.timed = self.count
+        self.count += 1
+
+    def add_late(self, ns: int) -> None:
+        """The sample of a call counted by ``add_call``."""
+        n = self.timed
+        self.window[n % self.cap] = ns
+        self.total_ns += ns
+        self.timed = n + 1
+
+    def add_lost(self) -> None:
+        """A call counted by ``add_call`` whose sample will never come."""
+        self.lost += 1
+
+    @property
+    def samples_taken(self) -> int:
+        return self.count if self.timed < 0 else self.timed
+
+    @property
+    def awaiting(self) -> int:
+        """Calls counted whose sample has not come yet (and may still)."""
+        return 0 if self.timed < 0 else max(0, self.count - self.timed - self.lost)
+
+    def note_scheduled(self, tokens: int) -> None:
+        """A forward of ``tokens`` real tokens ran at this row's (padded) size. The
+        distinct counts kept are bounded by the size itself (0 < tokens <= size)."""
+        scheduled = self.scheduled
+        if scheduled is None:
+            scheduled = self.scheduled = {}
+        scheduled[tokens] = scheduled.get(tokens, 0) + 1
+
+    def scheduled_tokens(self) -> tuple[int, int]:
+        """(forwards noted, tokens the scheduler gave them): see note_scheduled."""
+        scheduled = self.scheduled or {}
+        return sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
+
+    def totals(self, cost: CostAt | None = None) -> tuple[int, int, int, int]:
+        """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost
+        per call (``cost``: a whole forward's, which its graphs give) times the calls, plus
+        the run-time counts summed as they ran (exact ints; the Prometheus counters and the
+        report's ``total_*`` figures)."""
+        cost, n = cost or self.cost, self.count
+        flops = (cost.flops * n if cost else 0) + self.runtime_flops
+        matmul = (cost.matmul_flops * n if cost else 0) + self.runtime_flops
+        bytes_ = (cost.bytes_io * n if cost else 0) + self.runtime_bytes
+        return int(flops), int(matmul), int(bytes_), n
+
+    def samples(self) -> array[int]:
+        """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
+        return self.window[: min(self.samples_taken, self.cap)]
+
+    def percentiles(self) -> dict[str, float]:
+        """median, p10, p90 of the window, in milliseconds."""
+        if not self.samples_taken:
+            return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
+        ordered = sorted(self.samples())
+        n = len(ordered)
+
+        def pick(q: float) -> float:
+            return ordered[min(n - 1, int(q * (n - 1) + 0.5))] / 1e6
+
+        return {"median_ms": median(ordered) / 1e6, "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
+
+
+def size_label(key: tuple[int, ...]) -> int | str:
+    """One number when every size symbol has the same value (vLLM: tokens), else ``AxB``."""
+    if not key:
+        return "static"
+    if all(k == key[0] for k in key):
+        return int(key[0])
+    return "x".join(str(k) for k in key)
+
+
+def parse_size(size: Any) -> tuple[int, ...] | None:
+    """The numbers of a size label: ``8`` -> (8,), ``"2x16"`` -> (2, 16); else None."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return (size,)
+    parts = str(size).split("x")
+    if all(p.isdigit() for p in parts):
+        return tuple(int(p) for p in parts)
+    return None
+
+

@@ -1,0 +1,214 @@
+"""What a row's numbers mean: achieved rates, MFU and HFU, the roofline verdict, padding
+waste, each kernel's share, and a whole forward's cost from its graphs'. Cached per row
+until the row changes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+from fxflops.cost.graph_cost import CostAt
+from fxflops.recording.size_stats import SizeStats, parse_size
+
+if TYPE_CHECKING:
+    from fxflops.recording.store import GraphRecord, Recorder
+
+
+
+
+def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
+               peak_tflops: float | None, peak_gbps: float | None,
+               recomputed_matmul_flops: float = 0) -> dict[str, Any]:
+    """Achieved rates, MFU and HFU, and the roofline verdict.
+
+    MFU is the model's matmul FLOPs (``matmul_flops`` less what was recomputed) against the
+    peak; HFU all the matmul FLOPs that ran. They differ only where a backward graph
+    recomputes forward work.
+    """
+    out: dict[str, Any] = {"tflops": None, "gbps": None, "mfu": None, "hfu": None,
+                           "intensity": None, "bound": None, "roofline_ms": None,
+                           "roofline_share": None}
+    if bytes_:
+        out["intensity"] = flops / bytes_
+    if seconds <= 0:
+        return out
+    out["tflops"] = flops / seconds / 1e12
+    out["gbps"] = bytes_ / seconds / 1e9
+    if peak_tflops:
+        out["mfu"] = (matmul_flops - recomputed_matmul_flops) / seconds / (peak_tflops * 1e12)
+        out["hfu"] = matmul_flops / seconds / (peak_tflops * 1e12)
+    if peak_tflops and peak_gbps:
+        compute_s = flops / (peak_tflops * 1e12)
+        memory_s = bytes_ / (peak_gbps * 1e9)
+        out["bound"] = "compute" if compute_s >= memory_s else "memory"
+        out["roofline_ms"] = max(compute_s, memory_s) * 1e3
+        out["roofline_share"] = max(compute_s, memory_s) / seconds
+    return out
+
+
+
+
+# this module's caches, beside the store's objects (which know nothing of reports)
+_FIGURES: weakref.WeakKeyDictionary[SizeStats, tuple[Any, dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
+
+
+# a row's kernels' static figures (evaluated once per size)
+_KERNELS_AT: weakref.WeakKeyDictionary[SizeStats, list[dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
+                ) -> dict[str, Any]:
+    """A row's figures (a whole forward's row: with its ``cost``, see ``forward_costs``);
+    recomputed only when the row changed since they were last made (a flush of thousands
+    of sizes redoes only those that ran since the last one)."""
+    cost = cost or row.cost
+    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, cost,
+             peak.get("tflops"), peak.get("gbps"))
+    cached = _FIGURES.get(row)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    pct = row.percentiles()
+    calls = row.runtime_calls
+    runtime_flops = row.runtime_flops / calls if calls else 0
+    runtime_bytes = row.runtime_bytes / calls if calls else 0
+    flops = (cost.flops if cost else 0) + runtime_flops
+    matmul = (cost.matmul_flops if cost else 0) + runtime_flops
+    bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
+    fig: dict[str, Any] = {
+        "size": row.size, "key": list(row.key), "calls": row.count,
+        # calls timed (CUDA events time a call after it is counted), and calls whose time
+        # never came (dropped past the in-flight cap, or a replay read too late)
+        "timed_calls": row.samples_taken, "lost_samples": row.lost,
+        "total_ms": row.total_ns / 1e6, **pct,
+        "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
+        "runtime_bytes": int(runtime_bytes),
+        "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
+        "gflops": flops / 1e9,
+        "recomputed_flops": cost.recomputed_flops if cost else 0,
+        "recomputed_matmul_flops": cost.recomputed_matmul_flops if cost else 0,
+        # of matmul_flops, what layers' sizes gave (ops no formula counted right)
+        "estimated_flops": cost.estimated_flops if cost else 0,
+    }
+    fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals(cost)
+    fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
+                          peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
+    _FIGURES[row] = (stamp, fig)
+    return fig
+
+
+def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A row's kernels (``fxflops.kernels``): FLOPs, matmul FLOPs and boundary bytes at its
+    size (adding up to the row's FLOPs exactly: its run-time FLOPs go to the kernels that
+    hold run-time nodes), and where profiled each kernel's median time, rates and roofline;
+    with the profiled calls' median and what the kernels leave of it (the wrapper's)."""
+    from fxflops.cost.kernels import at_size, runtime_shares
+
+    kernels = g.kernels or []
+    static = _KERNELS_AT.get(row)
+    if static is None:
+        static = _KERNELS_AT[row] = at_size(kernels, dict(zip(g.cost.symbols, row.key)))
+    runtime = runtime_shares(kernels, fig["runtime_flops"])
+    prof = row.kernel_profile
+    out = []
+    for k, s, extra in zip(kernels, static, runtime):
+        # (run-time FLOPs go only to kernels holding run-time nodes: ``runtime_shares``)
+        entry = {**s, "flops": s["flops"] + extra, "matmul_flops": s["matmul_flops"] + extra}
+        samples = prof.samples.get(k.name) if prof is not None else None
+        if samples:
+            entry["median_ms"] = median(samples) / 1e6
+            entry.update(throughput(entry["flops"], entry["matmul_flops"], entry["bytes"],
+                                    entry["median_ms"] / 1e3, peak.get("tflops"),
+                                    peak.get("gbps"), 0))
+        else:  # not timed: its intensity only
+            entry["intensity"] = throughput(entry["flops"], 0, entry["bytes"], 0, None,
+                                            None)["intensity"]
+        out.append(entry)
+    result: dict[str, Any] = {"kernels": out}
+    if prof is not None and prof.calls:
+        # per call, its kernels' time is within the call's: the medians keep that order
+        kernels_ms = median(prof.kernels_ns) / 1e6
+        call_ms = median(prof.call_ns) / 1e6
+        result["kernels_profile"] = {
+            "calls": prof.calls, "median_ms": call_ms, "kernels_ms": kernels_ms,
+            # what the kernels leave of the call: the wrapper's (argument checks, buffer
+            # allocation, Python) and the profiler's own
+            "overhead_ms": max(0.0, call_ms - kernels_ms), "unmatched": prof.unmatched,
+            # the first calls' timelines (fxflops trace): each call's length, and its
+            # kernels' start (from the profile's first event) and length
+            "trace": [{"dur_us": call_ns / 1e3, "kernels": [
+                {"kernel": name, "start_us": start / 1e3, "dur_us": ns / 1e3}
+                for name, start, ns in found]} for call_ns, found in prof.trace]}
+    return result
+
+
+def size_order(size: Any) -> tuple[Any, ...]:
+    """Numbers in order, then ``BxS`` sizes by their numbers, then other labels."""
+    numbers = parse_size(size)
+    if numbers is None:
+        return (2, (str(size),))
+    return (0 if len(numbers) == 1 and isinstance(size, int) else 1, numbers)
+
+
+def sorted_rows(rows: Any) -> list[SizeStats]:
+    return sorted(rows, key=lambda r: size_order(r.size))
+
+
+def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)}
+            for r in sorted_rows(g.all_rows())]
+
+
+def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
+    """What a whole forward costs at each size: what its graphs cost at that size
+    (attention, which runs outside piecewise graphs, is added per call from the forward's
+    own run-time count)."""
+    by_size: dict[Any, list[CostAt]] = {}
+    for g in rec.graphs_snapshot():
+        # a size's cost is the same in every phase: each graph's once per size
+        of_graph = {r.size: r.cost for rows in (*g.warmup_rows().values(), g.all_rows())
+                    for r in rows if r.cost is not None}
+        for size, cost in of_graph.items():
+            by_size.setdefault(size, []).append(cost)
+    return {size: CostAt(*(sum(c[i] for c in costs) for i in range(len(CostAt._fields))))
+            for size, costs in by_size.items()}
+
+
+def forward_cost(costs: dict[Any, CostAt], row: SizeStats) -> CostAt:
+    return costs.get(row.size) or CostAt(*([0] * len(CostAt._fields)))
+
+
+def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> dict[str, Any]:
+    """What padding cost a whole-forward row: its forwards ran at the row's size with fewer
+    tokens scheduled (vLLM pads a step up to the next CUDA-graph size). Token share exact;
+    FLOPs share from the graphs' own cost at the scheduled sizes (``flops_at``; None when
+    no graph is general enough to tell, and then in proportion to the tokens); the time
+    spent on padding is the median apportioned by that FLOPs share (an estimate: a
+    memory-bound step costs padding less)."""
+    scheduled = row.scheduled or {}
+    forwards, real = row.scheduled_tokens()
+    size = row.key[0] if row.key else 0
+    if not forwards or not size:
+        return {"scheduled_tokens": 0, "padding_tokens": 0, "padding_share": 0.0,
+                "padding_flops_share": 0.0, "padding_ms": 0.0, "scheduled": {},
+                "captured": row.captured}
+    padding = forwards * size - real
+    full = flops_at(size)
+    if full:
+        wasted = sum(c * (full - (flops_at(n) or 0)) for n, c in scheduled.items())
+        flops_share = wasted / (forwards * full)
+    else:
+        flops_share = padding / (forwards * size)
+    return {"scheduled_tokens": real, "padding_tokens": padding,
+            "padding_share": padding / (forwards * size), "padding_flops_share": flops_share,
+            "padding_ms": row.percentiles()["median_ms"] * flops_share,
+            # the sizes served (what fxflops tune reads), and how many ran as graph replays
+            "scheduled": {str(n): c for n, c in sorted(scheduled.items())},
+            "captured": row.captured}
+
+

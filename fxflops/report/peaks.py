@@ -1,0 +1,149 @@
+"""Device peaks: dense (non-sparse) TFLOP/s per dtype and memory GB/s.
+
+Figures are the vendors' datasheet numbers for dense math (the sparse figures are twice
+these). ``FXFLOPS_PEAK_TFLOPS`` / ``FXFLOPS_PEAK_GBPS`` override the table; on a CPU there
+is no table entry and MFU is only reported when they are set (or measured: ``fxflops peak``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fxflops import config
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    name: str
+    tflops: dict[str, float]  # dtype -> dense TFLOP/s
+    gbps: float
+
+    def tflops_for(self, dtype: str) -> float | None:
+        # int8 tensor cores run at the fp8 rate on Hopper (dense TOPS); else bf16's
+        return (self.tflops.get(dtype) or (self.tflops.get("fp8") if dtype == "int8" else None)
+                or self.tflops.get("bf16"))
+
+
+# name fragments are matched, longest first, against torch.cuda.get_device_name()
+DEVICES: dict[str, Peak] = {
+    # NVIDIA H100 datasheet (SXM5: 989 TF bf16/fp16 dense, 1979 fp8, 67 fp32 (non-tensor),
+    # 494 tf32; 3.35 TB/s HBM3). PCIe: 756 bf16, 1513 fp8, 51 fp32, 378 tf32; 2.0 TB/s.
+    "H100 SXM": Peak("H100 SXM", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7,
+                                  "fp32": 66.9}, 3350.0),
+    "H100 80GB HBM3": Peak("H100 SXM", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9,
+                                        "tf32": 494.7, "fp32": 66.9}, 3350.0),
+    "H100 PCIe": Peak("H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0,
+                                    "fp32": 51.2}, 2000.0),
+    # NVIDIA H200 datasheet: same SXM compute as H100 SXM, 4.8 TB/s HBM3e.
+    "H200": Peak("H200", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7,
+                          "fp32": 66.9}, 4800.0),
+    # NVIDIA A100 datasheet: 312 TF bf16/fp16 dense, 624 TOPS int8, 156 tf32, 19.5 fp32;
+    # 40GB: 1555 GB/s, 80GB SXM: 2039 GB/s.
+    "A100-SXM4-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 1555.0),
+    "A100-PCIE-40GB": Peak("A100 40GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 1555.0),
+    "A100 80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
+                                    "fp32": 19.5}, 2039.0),
+    "A100-SXM4-80GB": Peak("A100 80GB", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0,
+                                         "fp32": 19.5}, 2039.0),
+    # NVIDIA L4 datasheet: 121 TF bf16/fp16 dense (242 sparse), 242.5 fp8, 30.3 fp32; 300 GB/s.
+    "L4": Peak("L4", {"bf16": 121.0, "fp16": 121.0, "fp8": 242.5, "tf32": 60.0,
+                      "fp32": 30.3}, 300.0),
+    # NVIDIA L40S datasheet: 362 TF bf16/fp16 dense, 733 fp8, 91.6 fp32; 864 GB/s.
+    "L40S": Peak("L40S", {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0,
+                          "fp32": 91.6}, 864.0),
+    # NVIDIA B200 (DGX B200 per GPU): 2.25 PF bf16 dense, 4.5 PF fp8, 8 TB/s HBM3e.
+    "B200": Peak("B200", {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0,
+                          "fp32": 75.0}, 8000.0),
+    # AMD Instinct MI300X datasheet: 1307.4 TF bf16/fp16 dense, 2614.9 fp8, 163.4 fp32
+    # (matrix); 5.3 TB/s HBM3.
+    "MI300X": Peak("MI300X", {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7,
+                              "fp32": 163.4}, 5300.0),
+}
+
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
+               "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8",
+               "torch.float8_e4m3fnuz": "fp8", "torch.float8_e5m2fnuz": "fp8",
+               "torch.int8": "int8"}
+
+
+def match_device(name: str) -> Peak | None:
+    for key in sorted(DEVICES, key=len, reverse=True):
+        if key.lower() in name.lower():
+            return DEVICES[key]
+    return None
+
+
+def measured_path() -> str:
+    """Where ``fxflops peak --measure`` keeps what it measured on this host:
+    ``$XDG_CACHE_HOME/fxflops/peak-HOST.json`` (``~/.cache`` by default)."""
+    import os
+    import socket
+
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fxflops", f"peak-{socket.gethostname()}.json")
+
+
+def save_measured(device_name: str, tflops: dict[str, float], gbps: float) -> str:
+    """Keep a measured peak (matmul TFLOP/s per dtype, copy GB/s) for this device."""
+    import json
+    import os
+    import time
+
+    from fxflops.util import atomic_text
+
+    path = measured_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[device_name] = {"tflops": tflops, "gbps": gbps, "measured_at": time.time()}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_text(json.dumps(data, indent=1), path)
+    return path
+
+
+def load_measured(device_name: str) -> dict[str, Any] | None:
+    """The peak measured for this device on this host (``fxflops peak --measure``)."""
+    import json
+
+    try:
+        with open(measured_path()) as f:
+            entry = json.load(f).get(device_name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("tflops"), dict):
+        return None
+    return entry
+
+
+def process_peak(info: dict[str, Any]) -> dict[str, Any]:
+    """The peak of the device and dtype a process noted (``Recorder.info``)."""
+    return current_peak(info.get("device"), info.get("dtype", "bf16"))
+
+
+def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, Any]:
+    """``{"tflops", "gbps", "source"}`` for this device and dtype: the table's (a known
+    device), else what ``fxflops peak --measure`` measured here (source ``measured``); the
+    environment overrides both."""
+    tflops = gbps = None
+    source = "none"
+    peak = match_device(device_name) if device_name else None
+    if peak is not None:
+        tflops, gbps, source = peak.tflops_for(dtype), peak.gbps, f"table:{peak.name}:{dtype}"
+    elif device_name:
+        measured = load_measured(device_name)
+        if measured is not None and measured["tflops"].get(dtype):
+            tflops, gbps, source = measured["tflops"][dtype], measured.get("gbps"), "measured"
+    env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
+    if env_t:
+        tflops, source = env_t, "env"
+    if env_g:
+        gbps = env_g
+        source = "env" if source in ("none", "env") else source + "+env"
+    return {"tflops": tflops, "gbps": gbps, "source": source}

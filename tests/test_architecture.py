@@ -1,0 +1,267 @@
+"""The package's shape: every import (those inside functions included) points down the
+layer order of docs/architecture.md, and no two modules import each other, directly or
+through others. Also the public surface: every documented public name imports, and
+``import fxflops`` loads nothing but the package itself."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import procs
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fxflops"
+
+# bottom first: a module may import its own layer's modules and any layer below it
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("fxflops.util", "fxflops.config", "fxflops.patching", "fxflops.placement",
+              "fxflops.torch_compat")),
+    ("cost", ("fxflops.cost",)),
+    ("recording", ("fxflops.recording",)),
+    ("report", ("fxflops.report",)),
+    ("outputs", ("fxflops.outputs",)),
+    ("instrument", ("fxflops.instrument",)),
+    ("integrations", ("fxflops.integrations",)),
+    ("cli", ("fxflops.cli",)),
+    ("api", ("fxflops", "fxflops.__main__")),
+)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    best, found = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    if found is None:
+        raise AssertionError(f"{module} is in no layer of LAYERS (docs/architecture.md)")
+    return found
+
+
+def imports(path: Path, module: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every fxflops module ``path`` imports, anywhere in it (TYPE_CHECKING
+    blocks excepted: they run only under a type checker)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "fxflops"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")
+                parent = parent[: len(parent) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            if base.split(".")[0] != "fxflops":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((node.lineno, sub if sub in known else base))
+    return found
+
+
+def violations(package: Path = PACKAGE) -> list[str]:
+    """Each import that points up the layer order, and each import cycle."""
+    found = modules(package)
+    known = set(found)
+    graph: dict[str, set[str]] = {m: set() for m in found}
+    problems = []
+    for module, path in found.items():
+        for line, target in imports(path, module, known):
+            if target not in known:
+                problems.append(f"{module}:{line} imports {target}, which does not exist")
+                continue
+            if target == module:
+                continue
+            graph[module].add(target)
+            if layer_of(target) > layer_of(module):
+                problems.append(f"{module}:{line} imports {target}: up from layer "
+                                f"{LAYERS[layer_of(module)][0]} to {LAYERS[layer_of(target)][0]}")
+    problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    return problems
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each
+    as one cycle through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component) + [sorted(component)[0]])
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_imports_point_down_the_layers_and_form_no_cycle():
+    assert violations() == []
+
+
+def test_a_reversed_import_is_caught(tmp_path):
+    """The check can fail: a copy of the package with one import added that points up
+    (the cost model importing the session) is reported, as a layer violation and as the
+    cycle it closes."""
+    import shutil
+
+    copy = tmp_path / "fxflops"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "cost" / "graph_cost.py"
+    target.write_text(target.read_text() + "\n\ndef _late():\n"
+                      "    from fxflops.outputs.session import recorder\n    return recorder\n")
+    found = violations(copy)
+    assert any("fxflops.cost.graph_cost" in p and "up from layer cost to outputs" in p
+               for p in found), found
+    assert any(p.startswith("import cycle:") and "fxflops.cost.graph_cost" in p
+               for p in found), found
+
+
+def test_every_module_is_in_a_layer_and_says_what_it_does():
+    for module, path in modules().items():
+        layer_of(module)
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree)
+        if path.name == "__init__.py" and not tree.body:
+            continue  # an empty namespace package file
+        assert doc and "TODO" not in doc, f"{module} has no docstring saying its one job"
+
+
+def test_architecture_doc_names_every_module():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for module, path in modules().items():
+        if path.name == "__init__.py" and module != "fxflops":
+            continue
+        rel = str(path.relative_to(ROOT))
+        assert rel in doc or f"`{module}`" in doc, f"docs/architecture.md does not name {rel}"
+    for _, prefixes in LAYERS:
+        for prefix in prefixes:
+            if prefix in modules():
+                assert prefix.replace(".", "/") in doc or f"`{prefix}`" in doc, prefix
+
+
+# the public surface (docs/reference.md's Python API), importable by these names
+PUBLIC = {
+    "fxflops": ["backend", "recorder", "reset_recorder", "load_report", "analyze",
+                "GraphCost", "NodeCost", "CostAt", "register_formula", "register_zero_flop",
+                "register_bytes", "register_io_bytes", "__version__"],
+}
+
+
+def test_every_documented_public_name_imports():
+    import importlib
+
+    for module, names in PUBLIC.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            assert getattr(mod, name) is not None, f"{module}.{name}"
+    # the entry points pyproject.toml declares resolve to what they name
+    text = (ROOT / "pyproject.toml").read_text()
+    for target in ("fxflops.instrument.entry_points:fxflops_backend",
+                   "fxflops.integrations.vllm.plugin:register", "fxflops.cli.main:main"):
+        assert f'"{target}"' in text, target
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr))
+
+
+def test_backend_by_name_resolves_through_dynamo():
+    import torch
+
+    from fxflops.instrument.backend import fxflops_backend
+
+    backend = torch._dynamo.lookup_backend("fxflops")
+    assert getattr(backend, "__wrapped__", backend) is fxflops_backend or \
+        backend is fxflops_backend
+
+
+def test_import_fxflops_is_light_and_has_no_side_effects():
+    """``import fxflops`` loads the package alone (no torch, no submodule), installs no
+    exit or fork hook and patches nothing: those come at first use."""
+    code = (
+        "import atexit, os, sys\n"
+        "real_exit, real_fork = atexit.register, os.register_at_fork\n"
+        "def ours(f): return str(getattr(f, '__module__', '')).startswith('fxflops')\n"
+        "registered, forks = [], []\n"
+        "def on_exit(f, *a, **k):\n"
+        "    registered.extend([f] if ours(f) else []); return real_exit(f, *a, **k)\n"
+        "def on_fork(**k):\n"
+        "    forks.extend(f for f in k.values() if ours(f)); return real_fork(**k)\n"
+        "atexit.register, os.register_at_fork = on_exit, on_fork\n"
+        "before = set(sys.modules)\n"
+        "import fxflops\n"
+        "new = sorted(m for m in set(sys.modules) - before)\n"
+        "print(new); print(len(registered), len(forks))\n")
+    out = procs.run([sys.executable, "-c", code], timeout=120, cwd=ROOT,
+                    capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "['fxflops']", out[0]
+    assert out[1] == "0 0"
+
+
+def test_instrumenting_modules_install_nothing_at_import():
+    """Importing the backend, the session and the Prometheus module registers no exit or
+    fork hook and patches no FSDP class (they are installed when fxflops is first used)."""
+    code = (
+        "import atexit, os, sys\n"
+        "real_exit, real_fork = atexit.register, os.register_at_fork\n"
+        "def ours(f): return str(getattr(f, '__module__', '')).startswith('fxflops')\n"
+        "registered, forks = [], []\n"
+        "def on_exit(f, *a, **k):\n"
+        "    registered.extend([f] if ours(f) else []); return real_exit(f, *a, **k)\n"
+        "def on_fork(**k):\n"
+        "    forks.extend(f for f in k.values() if ours(f)); return real_fork(**k)\n"
+        "atexit.register, os.register_at_fork = on_exit, on_fork\n"
+        "import fxflops.instrument.backend, fxflops.outputs.session\n"
+        "import fxflops.outputs.prometheus, fxflops.instrument.distributed_hooks as d\n"
+        "print(len(registered), len(forks), len(d.PATCHES))\n")
+    out = procs.run([sys.executable, "-c", code], timeout=300, cwd=ROOT,
+                    capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "0", "0"], out
+
+
+@pytest.mark.parametrize("module", ["fxflops.cli.main"])
+def test_cli_imports_without_the_engine(module):
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=120,
+                   cwd=ROOT)
