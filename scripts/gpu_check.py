@@ -7,7 +7,9 @@ Prints one line per check, with its figure and its goal, and PASS or FAIL:
   2. the overhead per call at a small decode-like size (under 1% of the forward);
   3. calls in the report equal calls made with work still in flight, and after a flush
      every call is timed (or counted lost);
-  4. per-graph times recorded for CUDA-graph replays (one call and one sample per replay);
+  4. the CUDA-graph lifecycle vLLM drives, on plain torch.compile: warm-up calls, captures
+     (one graph, and two in one), replays with the host ahead, and reduce-overhead: every
+     replay counted where it is served, timed;
   5. a compiled training step: the backward graph timed by CUDA events (within the whole
      backward's time measured around ``loss.backward()``);
   6. measured bf16 matmul TFLOP/s and copy GB/s against the device table (at least 50%);
@@ -85,7 +87,9 @@ def check_event_agreement(iters: int) -> tuple[bool, str]:
             e.record()
             hand.append((s, e))
     torch.cuda.synchronize()
-    ours._timer.harvest()
+    from fxflops.recording import cuda_events
+
+    cuda_events.collect_all(wait_s=5.0)
     (row,) = graph.rows.values()
     hand_ms = statistics.median(s.elapsed_time(e) for s, e in hand)
     ours_ms = row.percentiles()["median_ms"]
@@ -93,7 +97,7 @@ def check_event_agreement(iters: int) -> tuple[bool, str]:
     return abs(diff) <= 0.02 and row.samples_taken == iters, (
         f"median per call: fxflops {ours_ms:.4f} ms, hand events {hand_ms:.4f} ms, "
         f"difference {100 * diff:+.2f}% (goal: within 2%, every call timed); "
-        f"{row.samples_taken}/{iters} samples read, {ours._timer.dropped} dropped")
+        f"{row.samples_taken}/{iters} samples read, {row.lost} lost")
 
 
 def check_calls_in_flight(iters: int) -> tuple[bool, str]:
@@ -155,35 +159,81 @@ def check_overhead(iters: int) -> tuple[bool, str]:
 
 
 def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
+    """The lifecycle vLLM drives, on plain torch.compile: eager warm-up calls (a warm-up
+    phase), a capture (the capture phase) of one compiled graph, and of two in one graph
+    (a FULL graph's shape), then ``replays`` replays each with the host running ahead (no
+    sync between them); and ``mode="reduce-overhead"`` (Inductor's CUDA-graph trees inside
+    fxflops' wrapper). Goal: every replay counted in the serving rows (none in warm-up
+    rows); piecewise replays all timed after a sync; FULL-graph rows timed + lost = calls;
+    reduce-overhead calls all counted and timed, outputs identical to the bare backend."""
     import torch
 
     import fxflops
-    from fxflops.recording.cuda_events import capture_registry
+    from fxflops.recording import cuda_events
+    from fxflops.recording.phases import warmup
 
-    model = mlp(2048, 2)
+    fxflops.reset_recorder()
+    torch._dynamo.reset()
+    model_a, model_b = mlp(2048, 1), mlp(2048, 1)
     x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
-    compiled, ours = compiled_pair(model, x)
-    graph_record = fxflops.recorder().graphs[-1]
-    graph_record.rows.clear()
+    a = torch.compile(model_a, backend="fxflops")
+    b = torch.compile(model_b, backend="fxflops")
+    side = torch.cuda.Stream()
     with torch.no_grad():
-        for _ in range(3):  # warm up on a side stream, as CUDA-graph capture requires
-            compiled(x)
+        with warmup("warmup"), torch.cuda.stream(side):
+            for _ in range(3):
+                a(x), b(x)
         torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            compiled(x)
+        one, two = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with warmup("capture"):
+            with torch.cuda.graph(one):
+                a(x)
+            with torch.cuda.graph(two):
+                b(a(x))
+        t0 = time.perf_counter()
+        for _ in range(replays):  # the host runs ahead: nothing waits
+            one.replay()
+            two.replay()
+        host_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+    report = fxflops.recorder().to_dict()
+    cuda_events.collect_all(wait_s=5.0, final=True)
+    report = fxflops.recorder().to_dict()
+    graphs = {g["name"]: g for g in report["graphs"]}
+    ga, gb = list(graphs.values())[:2]
+    # A runs in both graphs: its replays in graph one (A alone) are all timed; in graph
+    # two (A and B), per-call times are read when the previous replay has finished
+    a_calls = sum(r["calls"] for r in ga["rows"])
+    a_timed = sum(r["timed_calls"] for r in ga["rows"])
+    a_lost = sum(r["lost_samples"] for r in ga["rows"])
+    b_rows = gb["rows"]
+    b_calls = sum(r["calls"] for r in b_rows)
+    b_ok = all(r["timed_calls"] + r["lost_samples"] == r["calls"] for r in b_rows)
+    warm_ok = all(r["warmup"] != "capture" or r["calls"] == 0
+                  for g in report["graphs"] for r in g.get("warmup", []))
+    ok = a_calls == 2 * replays and a_timed >= replays and a_timed + a_lost == a_calls \
+        and b_calls == replays and b_ok and warm_ok
+    line = (f"CUDA graphs: {replays} replays of a 1-call and a 2-call graph: graph A {a_calls} "
+            f"calls ({a_timed} timed), graph B {b_calls} calls; warm-up rows warm-up only: "
+            f"{warm_ok}; host {1e6 * host_s / (2 * replays):.1f} us per replay")
+    # reduce-overhead: Inductor's CUDA-graph trees inside fxflops' wrapper
+    torch._dynamo.reset()
+    ro = torch.compile(mlp(2048, 1), backend=fxflops.backend(inner="inductor"),
+                       mode="reduce-overhead")
+    bare = torch.compile(ro._orig_mod, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(5):
+            same = torch.equal(ro(x).clone(), bare(x).clone())
         for _ in range(replays):
-            g.replay()
-    torch.cuda.synchronize()
-    capture_registry().flush()
-    rows = list(graph_record.rows.values())
-    calls = sum(r.count for r in rows)
-    samples = sum(r.samples_taken for r in rows)
-    med = rows[0].percentiles()["median_ms"] if rows else float("nan")
-    return calls == replays and samples == replays and med > 0, (
-        f"CUDA-graph replays: {replays} replays, {calls} calls and {samples} per-graph "
-        f"samples recorded (median {med:.4f} ms; {capture_registry().missed} missed) "
-        "(goal: one call and one sample per replay)")
+            ro(x)
+        torch.cuda.synchronize()
+    ro_report = fxflops.recorder().to_dict()
+    ro_rows = ro_report["graphs"][-1]["rows"]
+    ro_calls = sum(r["calls"] for r in ro_rows)
+    ro_timed = sum(r["timed_calls"] for r in ro_rows)
+    ok = ok and same and ro_calls == replays + 5 and ro_timed == ro_calls
+    return ok, line + (f"; reduce-overhead: {ro_calls} calls, {ro_timed} timed, outputs "
+                       f"identical: {same} (goal: every replay counted where served)")
 
 
 def check_training(steps: int) -> tuple[bool, str]:

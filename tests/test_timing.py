@@ -1,115 +1,101 @@
-"""The CUDA-event timer's logic, on fake events: this machine has no GPU, so a fake CUDA
-module stands in for ``torch.cuda`` (the timer takes one). The real thing is checked by
-scripts/gpu_check.py on a GPU and by the GPU-only test at the end.
+"""The CUDA-event clock, on the CUDA simulator (tests/cuda_sim.py): this machine has no GPU,
+so a simulated ``torch.cuda`` stands in, one that keeps CUDA's documented rules (a device
+that runs behind the host, events done only when the device reaches them, captures that
+forbid waits and queries, a current device per thread) and records every illegal call
+even when fxflops swallows its error. The real thing is checked by scripts/gpu_check.py on
+a GPU and by the GPU-only test at the end.
 
 What is checked: a call is counted when it is made and timed when its events are read;
-nothing waits for the device on the calling thread; more than ``max_in_flight`` calls in
-flight lose samples, never calls; a flush waits for what is still in flight; CUDA-graph
-replays are counted per replay and timed before the next one or at a flush.
+nothing waits for the device on the calling thread; past the in-flight cap samples are
+lost, never calls; replays are counted in the phase they are replayed in, every one,
+whatever the device's lag; at least 90% of replays are timed with the device two replays
+behind; no query, wait or profile while any thread captures; fxflops' own thread reads
+events on their device; a replay's host cost does not grow with the calls it holds.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
 import fxflops
 from fxflops.instrument import plan, wrap
-from fxflops.recording.cuda_events import _REGISTRIES, CaptureRegistry, CudaEventTimer, harvest_all
+from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
 from fxflops.report.files import load_reports
-
-
-class FakeEvent:
-    """A CUDA event whose work finishes only when the test says so (``done``) or when
-    someone waits for it (``synchronize``)."""
-
-    clock = 0.0
-
-    def __init__(self, enable_timing=True, external=False):
-        self.t = None
-        self.done = False
-        self.external = external
-        self.waited = 0
-
-    def record(self, stream=None):
-        FakeEvent.clock += 1.0
-        self.t = FakeEvent.clock
-        self.done = False
-
-    def query(self):
-        return self.done
-
-    def synchronize(self):
-        self.waited += 1
-        self.done = True
-
-    def elapsed_time(self, end):
-        return end.t - self.t  # ms
-
-
-class FakeGraph:
-    def capture_begin(self, *a, **k):
-        pass
-
-    def replay(self):
-        pass
-
-
-class FakeCuda:
-    Event = FakeEvent
-    CUDAGraph = FakeGraph
-
-    def __init__(self):
-        self.capturing = False
-
-    def is_current_stream_capturing(self):
-        return self.capturing
+from tests.cuda_sim import CudaSim
 
 
 @pytest.fixture
-def fake_cuda():
-    cuda = FakeCuda()
-    yield cuda
-    _REGISTRIES.pop(FakeGraph, None)
+def sim():
+    """A simulated CUDA runtime with the device two host steps behind."""
+    simulator = CudaSim(lag=2, devices=2)
+    yield simulator
+    cuda_events._CLOCKS.pop(simulator.CUDAGraph, None)
 
 
-def test_a_call_is_counted_when_made_and_timed_when_read(fake_cuda):
-    timer = CudaEventTimer(max_in_flight=8, cuda=fake_cuda)
+class Record:
+    """The part of a graph record a captured call needs: its row in a phase."""
+
+    runtime_kinds = ()
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int], SizeStats] = {}
+
+    def row_in(self, phase: str, key: int) -> SizeStats:
+        return self.rows.setdefault((phase, key), SizeStats((key,), key))
+
+
+def test_a_call_is_counted_when_made_and_timed_when_read(sim):
+    clock = cuda_events.clock(sim)
     row = SizeStats((1,), 1)
     for _ in range(3):
-        timer.time_call(lambda: None, (), row)
-    # counted at once; no sample yet (nothing finished), nothing waited for
+        clock.time_call(lambda: sim.launch(1.0), (), row)
+    # counted at once; no sample yet (the device is two steps behind), nothing waited for
     assert (row.count, row.samples_taken, row.awaiting) == (3, 0, 3)
-    assert all(e.waited == 0 for s, e, _ in timer.pending)
-    timer.pending[0][1].done = True
-    timer.pending[1][1].done = True
-    assert timer.harvest() == 2
-    assert (row.count, row.samples_taken, row.awaiting) == (3, 2, 1)
-    assert list(row.samples()) == [1_000_000, 1_000_000]  # 1 ms between the records
-    assert len(timer.pool) == 2  # the read pairs go back to the pool...
-    timer.time_call(lambda: None, (), row)
-    assert len(timer.pool) == 1  # ...and are reused before a new pair is made
-    assert row.count == 4
+    assert not [c for c in sim.calls if c[1] in ("Event.synchronize", "synchronize")]
+    sim.step(2)
+    clock.time_call(lambda: sim.launch(1.0), (), row)  # reads what finished, oldest first
+    assert (row.count, row.samples_taken) == (4, 3)
+    assert list(row.samples()) == [1_000_000] * 3  # each call's kernel: 1 ms
+    sim.drain()
+    assert clock.collect().samples == 1 and row.samples_taken == 4 and row.awaiting == 0
 
 
-def test_past_the_in_flight_cap_samples_are_lost_never_calls(fake_cuda):
-    timer = CudaEventTimer(max_in_flight=4, cuda=fake_cuda)
+def test_past_the_in_flight_cap_samples_are_lost_never_calls(sim):
+    clock = cuda_events.clock(sim)
+    clock.max_in_flight = 4
     row = SizeStats((1,), 1)
     for _ in range(10):  # nothing finishes: the oldest pairs are given up, never waited for
-        timer.time_call(lambda: None, (), row)
-    assert row.count == 10 and len(timer.pending) == 4
-    assert row.lost == 6 and timer.dropped == 6
-    # a flush waits for the 4 still in flight (on its own thread in real use)
-    assert timer.harvest(wait=True) == 4
+        clock.time_call(lambda: sim.launch(1.0), (), row)
+    assert row.count == 10 and len(clock.pending) == 4
+    assert row.lost == 6 and clock.dropped == 6
+    sim.drain()  # the device catches up; a flush reads the 4 still in flight
+    clock.collect(wait_s=1.0)
     assert row.count == 10 and row.samples_taken == 4 and row.lost == 6 and row.awaiting == 0
 
 
-def compile_on_fake_gpu(monkeypatch, fake_cuda) -> None:
-    """Graphs compiled from now on are planned for "cuda" and timed by CUDA events of the
-    fake CUDA module (no GPU here)."""
-    monkeypatch.setattr(wrap, "make_timer",
-                        lambda device: CudaEventTimer(max_in_flight=256, cuda=fake_cuda))
+def test_a_collection_waits_a_bounded_time_for_a_hung_device(sim):
+    """The device never gets to the calls (hung): a flush polls until its deadline, never
+    synchronises, and says how many samples are still in flight."""
+    import time
+
+    clock = cuda_events.clock(sim)
+    row = SizeStats((1,), 1)
+    clock.time_call(lambda: sim.launch(1.0), (), row)
+    t0 = time.monotonic()
+    got = clock.collect(wait_s=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    assert got.in_flight == 1 and row.count == 1 and row.samples_taken == 0
+    assert not [c for c in sim.calls if "synchronize" in c[1]]
+
+
+def compile_on_sim(monkeypatch, sim) -> None:
+    """Graphs compiled from now on are planned for "cuda" and timed by the simulator's
+    events (no GPU here)."""
+    monkeypatch.setattr(wrap, "make_timer", lambda device: cuda_events.CudaEventTimer(sim))
     real_plan = wrap.plan
 
     def on_gpu(*args, **kwargs):
@@ -121,118 +107,220 @@ def compile_on_fake_gpu(monkeypatch, fake_cuda) -> None:
     monkeypatch.setattr(plan, "device_name", lambda device: "NVIDIA H200")
 
 
-def test_calls_in_the_report_equal_calls_made_after_a_flush(fake_cuda, monkeypatch, tmp_path):
-    """Through torch.compile: a graph on a (fake) GPU, N calls, the last ones still in
-    flight when the report is written: the report says N calls and N samples."""
-    compile_on_fake_gpu(monkeypatch, fake_cuda)
-    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"))
+def on_device(sim, ms: float):
+    """An inner backend whose compiled graph also runs ``ms`` of work on the (simulated)
+    device, as a GPU graph's kernels would."""
+
+    def inner(gm, example_inputs):
+        def run(*args):
+            sim.launch(ms)
+            return gm.forward(*args)
+
+        return run
+
+    return inner
+
+
+def test_calls_in_the_report_equal_calls_made_after_a_flush(sim, monkeypatch, tmp_path):
+    """Through torch.compile: a graph on the (simulated) GPU, N calls, the last ones still in
+    flight when the report is written: the report says N calls; after the device caught up,
+    a flush says N timed."""
+    compile_on_sim(monkeypatch, sim)
+    compiled = torch.compile(torch.nn.Linear(8, 8),
+                             backend=fxflops.backend(inner=on_device(sim, 1.0)))
     x = torch.randn(4, 8)
-    n = 300  # past the 256 pairs in flight: 44 samples given up, every call counted
+    n = 300
     with torch.no_grad():
         for _ in range(n):
             compiled(x)
+            sim.step()
     path = fxflops.recorder().save(tmp_path / "r.json")
     (graph,) = fxflops.load_report(path)["graphs"]
     (row,) = graph["rows"]
-    assert row["calls"] == n
-    assert row["lost_samples"] == n - 256 and row["timed_calls"] == 0
-    # a flush (the background thread's, or at exit) waits for what is in flight
+    # the device runs two host steps behind: the last call (made at step n - 1) is still
+    # running at step n, counted and not timed
+    assert row["calls"] == n and row["timed_calls"] == n - 1
+    sim.drain()
     monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
     fxflops.recorder().flush()
     (report,) = load_reports([tmp_path / "out"])
     (row,) = report["graphs"][0]["rows"]
-    assert row["calls"] == n and row["timed_calls"] == 256 and row["lost_samples"] == n - 256
+    assert row["calls"] == n and row["timed_calls"] == n and row["lost_samples"] == 0
     assert row["median_ms"] == 1.0
+    assert report["timing"]["in_flight"] == 0
 
 
-def test_replays_of_a_captured_graph_are_in_the_report_after_a_flush(fake_cuda, monkeypatch,
-                                                                     tmp_path):
-    """Through torch.compile: a (fake) CUDA-graph capture of the compiled call, then N
-    replays, the last one read by the report's flush: the report says N calls, N timed."""
-    compile_on_fake_gpu(monkeypatch, fake_cuda)
-    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(inner="eager"))
-    x = torch.randn(4, 8)
-    registry = CaptureRegistry(fake_cuda)
-    graph = FakeGraph()
-    with torch.no_grad():
-        compiled(x)  # compiled (and run once) before the capture, as vLLM warms up
-        graph.capture_begin()
-        fake_cuda.capturing = True
-        compiled(x)  # captured: runs at each replay
-        fake_cuda.capturing = False
-    ((start, end, _),) = registry.by_graph[graph]
-    n = 5
-    for _ in range(n):
-        graph.replay()
-        start.record()  # the device runs the replay's kernels between the two events
-        end.record()
-        end.done = True
-    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path / "out"))
-    fxflops.recorder().flush()
-    (report,) = load_reports([tmp_path / "out"])
-    (row,) = report["graphs"][0]["rows"]
-    assert row["calls"] == n + 1 and row["timed_calls"] == n + 1 and row["lost_samples"] == 0
-    assert registry.missed == 0
+def captured_pieces(sim, clock, records: list[Record], size: int, ms: float = 0.5):
+    """A CUDA graph captured (in vLLM's "capture" warm-up phase) around one call of each
+    record's graph at ``size`` tokens (several: a FULL graph's pieces)."""
+    g = sim.CUDAGraph()
+    with phases.warmup("capture"), sim.graph(g):
+        for record in records:
+            clock.time_call(lambda: sim.launch(ms), (), None, record, size)
+    return g
 
 
-def test_late_completion_is_credited_at_the_next_read(fake_cuda):
-    timer = CudaEventTimer(cuda=fake_cuda)
-    row = SizeStats((1,), 1)
-    timer.time_call(lambda: None, (), row)
-    assert harvest_all() == 0 and row.samples_taken == 0  # still running: left in flight
-    timer.pending[0][1].done = True  # the device finishes later
-    assert harvest_all() == 1 and row.samples_taken == 1 and row.count == 1
+@pytest.mark.parametrize("pieces", [1, 8])
+def test_replays_count_where_they_are_served_and_are_timed(sim, pieces):
+    """A graph captured in the capture phase, replayed 200 times while serving with the
+    device two replays behind, 5 more times in a warm-up: the serving rows count the 200
+    replays and the warm-up rows the 5, none in the capture phase; with one call per graph
+    (vLLM's piecewise graphs) at least 90% of replays are timed; with several (a FULL
+    graph, whose replay is the whole forward) the per-call times are what could be read,
+    and the rest is counted lost."""
+    clock = cuda_events.clock(sim)
+    records = [Record() for _ in range(pieces)]
+    g = captured_pieces(sim, clock, records, size=8)
+    assert all(r.count == 0 for record in records for r in record.rows.values())
+    for _ in range(200):
+        g.replay()
+        sim.step()
+    with phases.warmup("warmup"):
+        for _ in range(5):
+            g.replay()
+            sim.step()
+    sim.drain()
+    clock.collect(wait_s=1.0, final=True)
+    for record in records:
+        serving = record.rows[(phases.SERVING, 8)]
+        warm = record.rows[("warmup", 8)]
+        assert serving.count == 200 and warm.count == 5
+        assert ("capture", 8) not in record.rows or record.rows[("capture", 8)].count == 0
+        if pieces == 1:
+            assert serving.samples_taken >= 0.9 * 200 and serving.lost == 0
+            assert set(serving.samples()) == {500_000}  # the piece's 0.5 ms
+        else:
+            assert serving.samples_taken + serving.lost == serving.count
+    assert sim.violations == []
 
 
-def test_capture_then_replays_counted_per_replay_and_timed(fake_cuda):
-    registry = CaptureRegistry(fake_cuda)
-    graph = FakeGraph()
-    row = SizeStats((8,), 8)
-    graph.capture_begin()
-    fake_cuda.capturing = True
-    timer = CudaEventTimer(cuda=fake_cuda)
-    assert timer.time_call(lambda: "captured", (), row) == "captured"
-    fake_cuda.capturing = False
-    assert row.count == 0  # the capture ran nothing
-    ((start, end, _),) = registry.by_graph[graph]
-    assert start.external and end.external
-    for i in range(3):
-        graph.replay()  # counted now; the previous replay's pair read first
-        assert row.count == i + 1 and row.samples_taken == i
-        start.record()
-        end.record()
-        end.done = True
-    registry.flush()  # the last replay, read at a flush
-    assert row.count == 3 and row.samples_taken == 3 and row.lost == 0
-    registry.flush()  # read once only
+def test_a_replays_host_cost_does_not_grow_with_the_calls_it_holds(sim):
+    """CUDA calls per replay of a FULL graph (many calls) are as few as a piecewise
+    graph's: no query per held call."""
+    clock = cuda_events.clock(sim)
+
+    def cuda_calls_per_replay(pieces: int) -> float:
+        g = captured_pieces(sim, clock, [Record() for _ in range(pieces)], size=pieces)
+        before = sum(sim.calls.values())
+        for _ in range(50):
+            g.replay()
+            sim.step()
+        return (sum(sim.calls.values()) - before) / 50
+
+    one, many = cuda_calls_per_replay(2), cuda_calls_per_replay(200)
+    assert many <= one + 0.5, (one, many)  # amortised: one read of all 200 per 200 replays
+
+
+def test_nothing_is_queried_or_waited_for_while_any_thread_captures(sim):
+    """A global-mode capture on the main thread: a flush on another thread skips its round
+    (no query, no wait: each would invalidate the capture), an eager call on a third thread
+    reads nothing; the capture ends cleanly and its replays count."""
+    clock = cuda_events.clock(sim)
+    row = SizeStats((2,), 2)
+    clock.time_call(lambda: sim.launch(1.0), (), row)  # a pair in flight
+    record = Record()
+    g = sim.CUDAGraph()
+    results = {}
+
+    def flush():
+        results["flush"] = clock.collect(wait_s=0.2)
+
+    def eager():
+        clock.time_call(lambda: sim.launch(1.0), (), row)
+
+    with sim.graph(g):
+        clock.time_call(lambda: sim.launch(0.5), (), None, record, 4)
+        for target in (flush, eager):
+            t = threading.Thread(target=target, name=target.__name__)
+            t.start()
+            t.join()
+    assert results["flush"].skipped_capture
+    assert sim.violations == []
+    g.replay()
+    sim.drain()
+    clock.collect(final=True)
+    assert record.rows[(phases.SERVING, 4)].count == 1 and row.samples_taken == 2
+
+
+def test_fxflops_thread_reads_events_on_their_device(sim):
+    """Calls on device 1; the flush thread (which never set a device) reads their events on
+    device 1, and makes no CUDA context on device 0."""
+    clock = cuda_events.clock(sim)
+    sim.set_device(1)
+    try:
+        row = SizeStats((1,), 1)
+        for _ in range(3):
+            clock.time_call(lambda: sim.launch(1.0), (), row)
+        sim.drain()
+        t = threading.Thread(target=clock.collect, name="fxflops-flush")
+        t.start()
+        t.join()
+    finally:
+        sim.set_device(0)
     assert row.samples_taken == 3
+    devices = {device for thread, device in sim.contexts if thread == "fxflops-flush"}
+    assert devices == {1}
 
 
-def test_a_replay_still_running_when_the_next_starts_is_lost_not_miscounted(fake_cuda):
-    registry = CaptureRegistry(fake_cuda)
-    graph = FakeGraph()
-    row = SizeStats((8,), 8)
-    graph.capture_begin()
-    fake_cuda.capturing = True
-    CudaEventTimer(cuda=fake_cuda).time_call(lambda: None, (), row)
-    fake_cuda.capturing = False
-    graph.replay()
-    registry.flush()  # not finished: a flush leaves it for later
-    assert row.samples_taken == 0 and row.lost == 0
-    graph.replay()  # the first replay's events are recorded again: its sample is lost
-    assert row.count == 2 and row.lost == 1 and registry.missed == 1
-    registry.flush(wait=True)  # at exit: wait for the last one
-    assert row.samples_taken == 1 and row.count == row.samples_taken + row.lost
+def test_kernel_profiling_never_runs_while_a_graph_is_captured(sim, monkeypatch):
+    """``kernels=N``: the profiler waits for the device, which a capture forbids: a call
+    made while capturing is captured, not profiled; an eager serving call is profiled."""
+    from fxflops.cost.kernels import KernelCost
+    from fxflops.recording import kernel_profile
+
+    profiled = []
+
+    def profile(call, row, kernels, device):
+        sim.synchronize()  # what the real profiler does on a GPU
+        profiled.append(row.size)
+        return call(), True
+
+    monkeypatch.setattr(kernel_profile, "profile", profile)
+    compile_on_sim(monkeypatch, sim)
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    x = torch.randn(4)
+    graph_plan = wrap.plan(gm, [x])
+    graph_plan.kernels = [KernelCost("cpp_fused_mul_0", 0, ("mul",), 4, 0, 32)]
+    compiled = wrap.wrap_graph(lambda: on_device(sim, 1.0)(gm, [x]), "g", {}, gm=gm,
+                               example_inputs=[x], graph_plan=graph_plan, kernels=2)
+    g = sim.CUDAGraph()
+    with phases.warmup("capture"), sim.graph(g):
+        compiled(x)
+    assert profiled == [] and sim.violations == []
+    with phases.warmup("warmup"):
+        compiled(x)  # a warm-up call: not profiled either
+    compiled(x)
+    assert profiled == [4] and sim.violations == []
+
+
+def test_a_graph_that_gives_up_is_reported_with_its_calls(monkeypatch):
+    """fxflops fails on a graph mid-run: it runs on as compiled, and the report names it in
+    ``uninstrumented`` with the calls it made since."""
+    compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    compiled(torch.randn(3))
+    (graph,) = [g for g in fxflops.recorder().graphs]
+
+    def broken(raw_key):
+        raise RuntimeError("row exploded")
+
+    monkeypatch.setattr(graph, "new_row", broken)
+    for n in (5, 6, 7):  # new sizes: the row is made, and fails
+        assert torch.equal(compiled(torch.ones(n)), torch.ones(n) + 1)
+    report = fxflops.recorder().to_dict()
+    (entry,) = report["uninstrumented"]
+    assert entry["name"] == graph.name and "row exploded" in entry["reason"]
+    assert entry["calls"] == 3
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_cuda_events_time_a_matmul():
-    timer = CudaEventTimer()
+    clock = cuda_events.clock()
     row = SizeStats((1,), 1)
     a = torch.randn(2048, 2048, device="cuda")
     for _ in range(5):
-        timer.time_call(torch.mm, (a, a), row)
+        clock.time_call(torch.mm, (a, a), row)
     assert row.count == 5
-    timer.harvest(wait=True)
+    clock.collect(wait_s=5.0)
     assert row.samples_taken == 5 and len(row.samples()) == 5 and min(row.samples()) > 0

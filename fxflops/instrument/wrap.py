@@ -278,29 +278,45 @@ class InstrumentedGraph(_Serializable):
                 raise
             return self._give_up(e, args)
         call_args = (args,) if self.boxed else args
-        if self._kernels_n is not None and row is not self.record.overflow and (
-                row.kernel_profile is None or row.kernel_profile.calls < self._kernels_n):
+        if self._kernels_n is not None and self._profiles(row):
             # one of the N calls per size under torch.profiler (``kernels=N``)
-            out, profiled = kernel_profile.profile(lambda: self._timed(call_args, row), row,
-                                                  self.record.kernels or [], self.plan.device)
+            out, profiled = kernel_profile.profile(lambda: self._timed(call_args, row, key),
+                                                  row, self.record.kernels or [],
+                                                  self.plan.device)
             if not profiled:  # the calls run on as before, timed
                 self._kernels_n = None
             return out
-        return self._timed(call_args, row)
+        return self._timed(call_args, row, key)
 
-    def _timed(self, call_args: Sequence[Any], row: SizeStats) -> Any:
+    def _profiles(self, row: SizeStats) -> bool:
+        """Whether this call is one of the N profiled per size: serving calls only (not
+        vLLM's warm-up phases), never while any CUDA-graph capture is in progress (the
+        profiler waits for the device, which a capture forbids: a replay's kernels are the
+        graph's, not profiled)."""
+        if row is self.record.overflow or self._rows is not self.record.rows:
+            return False
+        if row.kernel_profile is not None and row.kernel_profile.calls >= (self._kernels_n or 0):
+            return False
+        return self._timer is None or not self._timer.is_capturing()
+
+    def _timed(self, call_args: Sequence[Any], row: SizeStats, key: Any) -> Any:
         if self._timer is not None:
-            return self._timer.time_call(self._run, call_args, row)
+            return self._timer.time_call(self._run, call_args, row, self.record, key)
         t0 = _now()
         out = self._run(*call_args)
         row.add(_now() - t0)
         return out
 
     def _give_up(self, error: Exception, args: Sequence[Any]) -> Any:
+        """fxflops failed on this graph: it runs on as compiled, its calls counted from
+        now on, and the report names it and says why (``uninstrumented``)."""
+        reason = f"{type(error).__name__}: {error}"
+        self.entry = recorder().register_uninstrumented(self.record.name, reason)
         self.__class__ = _UninstrumentedBoxedGraph if self.boxed else _UninstrumentedGraph
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
-                  "(%s: %s); it runs uninstrumented from now on", self.record.name,
-                  type(error).__name__, error)
+                  "(%s); it runs uninstrumented from now on, its calls counted", self.record.name,
+                  reason)
+        self.entry.calls += 1
         return self._run(args) if self.boxed else self._run(*args)
 
     # --- SerializableCallable: the plan travels with the inner artifact ---------------
@@ -344,9 +360,13 @@ class _SpecialGraph(InstrumentedGraph):
 
 
 class _UninstrumentedGraph(InstrumentedGraph):
-    """A graph whose instrumentation failed: the inner callable, and nothing else."""
+    """A graph whose instrumentation failed: the inner callable, its calls counted in its
+    ``uninstrumented`` entry (``entry``, set when it gave up)."""
+
+    entry: UninstrumentedGraph
 
     def __call__(self, *args: Any) -> Any:
+        self.entry.calls += 1
         return self._run(*args)
 
 
@@ -396,7 +416,10 @@ class _BoxedSpecialGraph(_BoxedGraph):
 
 
 class _UninstrumentedBoxedGraph(_BoxedGraph):
+    entry: UninstrumentedGraph
+
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
+        self.entry.calls += 1
         return self._run(args)
 
 

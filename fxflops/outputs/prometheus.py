@@ -24,6 +24,7 @@ graph's overflow row, add up under ``size="other"``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -66,9 +67,14 @@ class Sample(NamedTuple):
 
 
 def samples(rec: Recorder) -> list[Sample]:
-    """Every counter and gauge of this process, from its rows as they are now."""
+    """Every counter and gauge of this process, from its rows as they are now (CUDA-graph
+    replays counted first: a scrape sees every replay made so far)."""
     from fxflops.placement import placement
     from fxflops.report.figures import forward_cost, forward_costs
+
+    timing = sys.modules.get("fxflops.recording.cuda_events")
+    if timing is not None:
+        timing.collect_all()
 
     # the process's place: its global rank, and its data, pipeline and tensor-parallel
     # ranks and node where it has them (many processes' series stay apart)

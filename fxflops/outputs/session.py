@@ -118,7 +118,8 @@ class Session(Recorder):
             return
         self._flushing.now = True
         try:
-            collect_samples(wait=True, final=final)
+            collect_samples(wait=True, final=final,
+                            in_signal=getattr(self._flushing, "signal", False))
             for where, write in ((path, self._write_report), (metrics_dir, self._write_metrics)):
                 if where:
                     self._try(where, write)
@@ -250,23 +251,51 @@ def _metrics_dir() -> str | None:
     return where
 
 
-def collect_samples(wait: bool = False, final: bool = False) -> None:
-    """Read the CUDA-event samples that have arrived (``wait``: wait for the eager calls'
-    still in flight; ``final``: for CUDA-graph replays too). Nothing to do, and nothing
-    imported, where no CUDA timer was ever made."""
+# how long a flush (the background thread's, exit's, a signal's) waits for CUDA-event
+# samples still in flight: a hung device or NCCL costs at most this, then the report is
+# written with what was read, and says how many calls are still untimed
+DEVICE_WAIT_S = 3.0
+# at SIGTERM/SIGINT: a server being stopped must end promptly (a grace period counts it)
+SIGNAL_DEVICE_WAIT_S = 1.0
+# how long a signal handler waits for the CUDA clock's lock (the thread it interrupted may
+# hold it: then that round's reads are skipped, never waited for)
+SIGNAL_LOCK_WAIT_S = 0.5
+# a signal's flush has waited for the device: the exit that follows does not wait again
+_SIGNALLED: list[bool] = []
+
+
+def collect_samples(wait: bool = False, final: bool = False, in_signal: bool = False) -> None:
+    """Count CUDA-graph replays and read the CUDA-event samples that have arrived (``wait``:
+    wait up to ``DEVICE_WAIT_S`` for those in flight; ``final``: the last replays' too).
+    Nothing to do, and nothing imported, where no CUDA clock was ever made."""
     timing = sys.modules.get("fxflops.recording.cuda_events")
     if timing is None:
         return
+    if in_signal:
+        wait_s = SIGNAL_DEVICE_WAIT_S
+    elif _SIGNALLED or not (wait or final):
+        wait_s = 0.0
+    else:
+        wait_s = DEVICE_WAIT_S
     try:
-        if final:
-            timing.finish_all()
-        else:
-            timing.harvest_all(wait=wait)
+        got = timing.collect_all(wait_s=wait_s,
+                                 lock_timeout=SIGNAL_LOCK_WAIT_S if in_signal else -1,
+                                 final=final)
     except Exception as e:  # a device error must not stop the report
         if host_raised(e):
             raise
         warn_once("harvest", "fxflops: could not read CUDA-event samples (%s: %s)",
                   type(e).__name__, e)
+        return
+    if in_signal:
+        _SIGNALLED.append(True)
+    if final and got.in_flight:
+        warn_once("in-flight", "fxflops: %d CUDA-event samples still in flight after %.1f s "
+                  "(the device is busy or hung); the report counts their calls, untimed",
+                  got.in_flight, wait_s)
+    if got.skipped_lock:
+        warn_once("in-flight-lock", "fxflops: the signal came while fxflops was timing a "
+                  "call; the samples in flight are not read in this report")
 
 
 # --- host exceptions ----------------------------------------------------------------------

@@ -73,15 +73,25 @@ class SizeStats:
             self.timed = self.count
         self.count += 1
 
+    def add_calls(self, n: int) -> None:
+        """``n`` calls made whose times arrive later, or never (a CUDA graph's replays,
+        counted at a collection)."""
+        if self.timed < 0:
+            self.timed = self.count
+        self.count += n
+
     def add_late(self, ns: int) -> None:
-        """The sample of a call counted by ``add_call``."""
-        n = self.timed
+        """The sample of a call counted by ``add_call`` (or about to be: a replay's
+        sample may be read before its count is collected)."""
+        n = self.timed if self.timed >= 0 else self.count
         self.window[n % self.cap] = ns
         self.total_ns += ns
         self.timed = n + 1
 
     def add_lost(self) -> None:
         """A call counted by ``add_call`` whose sample will never come."""
+        if self.timed < 0:
+            self.timed = self.count
         self.lost += 1
 
     @property
@@ -103,8 +113,9 @@ class SizeStats:
 
     def scheduled_tokens(self) -> tuple[int, int]:
         """(forwards noted, tokens the scheduler gave them): see note_scheduled."""
-        scheduled = self.scheduled or {}
-        return sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
+        # a snapshot (one C-level copy): the serving thread may add a count meanwhile
+        scheduled = list((self.scheduled or {}).items())
+        return sum(c for _, c in scheduled), sum(n * c for n, c in scheduled)
 
     def totals(self, cost: CostAt | None = None) -> tuple[int, int, int, int]:
         """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost

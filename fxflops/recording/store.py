@@ -77,12 +77,23 @@ class GraphRecord:
     def new_row(self, raw_key: Any) -> SizeStats:
         """First call at a size (in this phase): evaluate the cost expressions once for it
         (under the lock: two threads at one new size get one row)."""
-        rows = self.active
+        row = self.active.get(raw_key)
+        return row if row is not None else self._row(None, raw_key)
+
+    def row_in(self, phase: str, raw_key: Any) -> SizeStats:
+        """The row of ``raw_key`` in ``phase``'s rows, made if new (a CUDA graph's replay
+        counts its calls in the phase it is replayed in)."""
+        rows = self.rows if phase == SERVING else self.warmup.get(phase, {})
         row = rows.get(raw_key)
-        if row is not None:
-            return row
+        return row if row is not None else self._row(phase, raw_key)
+
+    def _row(self, phase: str | None, raw_key: Any) -> SizeStats:
+        """(``phase`` None: the active one.)"""
         with self._lock:
-            rows = self.active
+            if phase is None:
+                rows = self.active
+            else:
+                rows = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
             row = rows.get(raw_key)
             if row is not None:
                 return row

@@ -143,6 +143,9 @@ def build_report(rec: Recorder) -> dict[str, Any]:
             # graphs that run as compiled, uncounted: why, and their calls
             "uninstrumented": [{"name": u.name, "reason": u.reason, "calls": u.calls}
                                for u in list(rec.uninstrumented)]}
+    timing = sys.modules.get("fxflops.recording.cuda_events")
+    if timing is not None:  # CUDA events: what is still in flight as this is written
+        data["timing"] = timing.status()
     if rec.collectives:  # outside the graphs (FSDP2's): apart from the graphs' bytes
         data["collectives"] = {kind: {"calls": calls, "bytes": nbytes}
                                for kind, (calls, nbytes) in sorted(rec.collectives.items())}

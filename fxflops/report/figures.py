@@ -190,8 +190,9 @@ def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> di
     no graph is general enough to tell, and then in proportion to the tokens); the time
     spent on padding is the median apportioned by that FLOPs share (an estimate: a
     memory-bound step costs padding less)."""
-    scheduled = row.scheduled or {}
-    forwards, real = row.scheduled_tokens()
+    # one snapshot (a C-level copy): the serving thread may add to the dict meanwhile
+    scheduled = dict(list((row.scheduled or {}).items()))
+    forwards, real = sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
     size = row.key[0] if row.key else 0
     if not forwards or not size:
         return {"scheduled_tokens": 0, "padding_tokens": 0, "padding_share": 0.0,

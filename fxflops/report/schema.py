@@ -231,7 +231,10 @@ def validate(data: Any, where: str) -> None:
         raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
            {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,),
-            "forward_warmup": (list,), "collectives": (dict,)})
+            "forward_warmup": (list,), "collectives": (dict,), "timing": (dict,)})
+    if "timing" in data:
+        _check(data["timing"], f"{where}: timing", {}, {k: (int,) for k in (
+            "in_flight", "dropped", "replays", "captures_in_progress")})
     for kind, v in (data.get("collectives") or {}).items():
         _check(v, f"{where}: collectives.{kind}", {"calls": (int,), "bytes": (int,)}, {})
     for i, u in enumerate(data.get("uninstrumented") or []):

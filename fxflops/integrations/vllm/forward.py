@@ -22,6 +22,7 @@ GPU is timed by CUDA events read later (``fxflops.recording.cuda_events``).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from typing import Any
@@ -125,22 +126,33 @@ def install_attention_coster() -> None:
 # --- one step ---------------------------------------------------------------------------
 
 
-def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any,
-               captured: bool) -> Any:
+def _replays() -> int:
+    """CUDA-graph replays of instrumented graphs so far (0 where no CUDA clock exists)."""
+    timing = sys.modules.get("fxflops.recording.cuda_events")
+    return timing.replays() if timing is not None else 0
+
+
+def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> Any:
     """The whole-forward row of a step of ``tokens`` (padded) tokens, its attention charged
     from the requests' query and cached lengths; the step's counts are set for the graphs'
     attention nodes until ``end_step``."""
     _state.lengths, _state.counts = (query_lens, context_lens), {}
     _state.layers = runner.vllm_config.compilation_config.static_forward_context
+    _state.replays = _replays()
     row = recorder().forward_row(tokens)
     # the tokens the scheduler gave this step: the padding is the rest (padding waste)
     row.note_scheduled(int(query_lens.sum()))
-    if captured:
-        row.captured += 1
     if not row.runtime_terms:
         row.runtime_terms = attention_layers(runner)
     charge_runtime(row)
     return row
+
+
+def forward_done(row: Any) -> None:
+    """(After a step's forward.) A step that replayed any CUDA graph (FULL, or piecewise
+    pieces: V1 and V2 alike) ran as a graph replay: ``captured``."""
+    if _replays() != getattr(_state, "replays", 0):
+        row.captured += 1
 
 
 def end_step() -> None:
@@ -160,11 +172,16 @@ class _CpuClock:
         row.add(time.perf_counter_ns() - t0)
 
 
+def token_row(token: Any) -> Any:
+    """The row a clock's token times (the CPU clock's tuple, a CUDA pair's ``row``)."""
+    return token[1] if isinstance(token, tuple) else token.row
+
+
 def clock_of(runner: Any) -> Any:
     """The runner's clock: CUDA events on a GPU (made once per runner), else the CPU's."""
     timer = getattr(runner, "_fxflops_timer", None)
     if timer is None:
-        from fxflops.instrument.wrap import make_timer
+        from fxflops.instrument.plan import make_timer
 
         timer = make_timer(getattr(runner.device, "type", "cpu")) or _CpuClock()
         runner._fxflops_timer = timer
@@ -195,9 +212,7 @@ def _v1_begin(runner: Any, named: dict[str, Any]) -> Any:
     if ids is None:
         ids = named["input_ids"]
     tokens = int(ids.shape[-1])  # padded up to a captured size under CUDA graphs
-    mode = getattr(ctx, "cudagraph_runtime_mode", None)
-    captured = mode is not None and getattr(mode, "name", "NONE") != "NONE"
-    return begin_step(runner, tokens, *batch_lengths(runner), captured)
+    return begin_step(runner, tokens, *batch_lengths(runner))
 
 
 def _timed_forward(original: Any) -> Any:
@@ -218,6 +233,7 @@ def _timed_forward(original: Any) -> Any:
             out = original(*args, **kwargs)
             if token is not None:
                 clock_of(named["self"]).stop(token)
+                forward_done(token_row(token))
             return out
         finally:
             end_step()
@@ -238,7 +254,7 @@ def _v2_record_batch(named: dict[str, Any], _result: Any) -> None:
     starts = batch.query_start_loc_np[: n + 1]
     runner = step["runner"]
     row = begin_step(runner, int(batch.num_tokens_after_padding), starts[1:] - starts[:-1],
-                     batch.num_computed_tokens_np[:n], bool(named.get("full_cudagraph")))
+                     batch.num_computed_tokens_np[:n])
     step["token"] = clock_of(runner).start(row)
 
 
@@ -257,6 +273,7 @@ def _v2_execute_model(original: Any) -> Any:
             token = step.get("token") if step else None
             if token is not None:
                 clock_of(step["runner"]).stop(token)  # type: ignore[index]
+                forward_done(token_row(token))
             return out
         finally:
             _state.v2_step = None

@@ -1,0 +1,176 @@
+"""The GPU path's host cost: what fxflops' own Python adds per call and per CUDA-graph
+replay, with stand-in CUDA calls that cost (almost) nothing, so that only fxflops is
+measured; against the CPU path's cost. One run, paired rounds, ratios.
+
+    python benchmarks/gpu_overhead.py [--pairs 21]
+
+1. Per call through ``torch.compile`` as users call it: a small function compiled with
+   ``fxflops.backend(inner="eager")``, planned for a GPU (CUDA events from the stand-in
+   runtime: an event pair from the pool, two records, the count, the pair queued; the
+   reads of finished pairs as later calls start), against ``backend="eager"``; and the same
+   on the CPU clock. The difference is fxflops' GPU bookkeeping per call.
+2. Per replay of a captured CUDA graph: a graph holding one instrumented call (vLLM's
+   piecewise graphs: an eager pair around the replay) and graphs holding 10 and 100 (a
+   FULL graph: counted per phase, O(1) in the calls it holds), against the bare replay.
+
+No device is involved: on a GPU, the CUDA calls themselves (a few us each for a record or
+query) come on top; scripts/gpu_check.py measures those on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+import fxflops
+from fxflops.instrument import plan, wrap
+from fxflops.recording import cuda_events
+from fxflops.recording.size_stats import SizeStats
+
+
+class Event:
+    """A CUDA event at no cost: recorded, done, 1 ms apart."""
+
+    __slots__ = ()
+
+    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 1.0
+
+
+class Graph:
+    def capture_begin(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        pass
+
+
+class StandInCuda:
+    """The ``torch.cuda`` calls fxflops makes, each a no-op."""
+
+    Event = Event
+    CUDAGraph = Graph
+
+    def __init__(self) -> None:
+        self.capturing = False
+
+    def is_current_stream_capturing(self) -> bool:
+        return self.capturing
+
+    def current_device(self) -> int:
+        return 0
+
+    def device(self, index: int) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def per_call_ns(fn: Any, args: tuple[Any, ...], n: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fn(*args)
+    return (time.perf_counter_ns() - t0) / n
+
+
+def paired(bare: Any, ours: Any, args: tuple[Any, ...], n: int, pairs: int
+           ) -> tuple[float, float, float]:
+    per_call_ns(bare, args, n), per_call_ns(ours, args, n)
+    b, o, d = [], [], []
+    for _ in range(pairs):
+        tb, to = per_call_ns(bare, args, n), per_call_ns(ours, args, n)
+        b.append(tb)
+        o.append(to)
+        d.append(to - tb)
+    return statistics.median(b), statistics.median(o), statistics.median(d)
+
+
+def per_call(cuda: StandInCuda, pairs: int) -> None:
+    bare_fn = lambda t: t * 2 + 1  # noqa: E731 (separate code objects: Dynamo caches per code)
+    cpu_fn = lambda t: t * 2 + 1  # noqa: E731
+    gpu_fn = lambda t: t * 2 + 1  # noqa: E731
+    x = torch.randn(8, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    bare = torch.compile(bare_fn, backend="eager")
+    on_cpu = torch.compile(cpu_fn, backend=fxflops.backend(inner="eager"))
+    real_plan, real_timer = wrap.plan, wrap.make_timer
+
+    def planned_on_gpu(*args: Any, **kwargs: Any) -> Any:
+        graph_plan = real_plan(*args, **kwargs)
+        graph_plan.device = "cuda"
+        return graph_plan
+
+    wrap.plan = planned_on_gpu
+    wrap.make_timer = lambda device: cuda_events.CudaEventTimer(cuda)
+    plan.device_name = lambda device: "stand-in GPU"
+    try:
+        on_gpu = torch.compile(gpu_fn, backend=fxflops.backend(inner="eager"))
+        with torch.no_grad():
+            bare(x), on_cpu(x), on_gpu(x)
+            _, cpu_ns, cpu_d = paired(bare, on_cpu, (x,), 5_000, pairs)
+            b, gpu_ns, gpu_d = paired(bare, on_gpu, (x,), 5_000, pairs)
+    finally:
+        wrap.plan, wrap.make_timer = real_plan, real_timer
+    print(f"per call through torch.compile (eager inner, grad off): bare {b / 1e3:.2f} us; "
+          f"CPU clock +{cpu_d / 1e3:.2f} us; GPU path (CUDA events, stand-in calls) "
+          f"+{gpu_d / 1e3:.2f} us, {gpu_d / max(cpu_d, 1):.1f}x the CPU path's")
+
+
+def per_replay(cuda: StandInCuda, pairs: int) -> None:
+    clock = cuda_events.clock(cuda)
+
+    class Record:
+        runtime_kinds = ()
+
+        def __init__(self) -> None:
+            self.row = SizeStats((8,), 8)
+
+        def row_in(self, phase: str, key: Any) -> SizeStats:
+            return self.row
+
+    def bare_replay() -> None:  # what an unpatched replay costs the host here: a call
+        pass
+
+    results = []
+    for held in (1, 10, 100):
+        graph = Graph()
+        cuda.capturing = True
+        graph.capture_begin()
+        for _ in range(held):
+            clock.time_call(lambda: None, (), None, Record(), 8)
+        graph.capture_end()
+        cuda.capturing = False
+        _, _, d = paired(bare_replay, graph.replay, (), 20_000, pairs)
+        clock.collect()  # (counts the replays: what a flush does, off the hot path)
+        results.append((held, d))
+    print("per replay (host cost added): " + ", ".join(
+        f"{held} call(s) held +{d / 1e3:.2f} us" for held, d in results))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--pairs", type=int, default=21)
+    args = p.parse_args()
+    cuda = StandInCuda()
+    per_call(cuda, args.pairs)
+    per_replay(cuda, args.pairs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,503 @@
+"""vLLM's GPU worker lifecycle, driven step by step on the CUDA simulator (tests/cuda_sim.py)
+through fxflops' real vLLM hooks: no GPU here, so the simulator stands in for CUDA, and
+the parts of vLLM's runners that need a GPU are replayed in the order vLLM 0.32/0.33's
+source runs them (``v1/worker/gpu_worker.py``, ``gpu_model_runner.py``,
+``gpu/model_runner.py``, ``gpu/cudagraph_utils.py``; a digest of it is in
+docs/vllm.md's "On a GPU").
+
+Real vLLM classes wherever they run on CPU: ``CUDAGraphWrapper`` (the piecewise and, for
+V1, the FULL wrapper, with ``torch.cuda.graph``/``CUDAGraph`` the simulator's),
+``CudagraphDispatcher`` (which graphs are captured, largest first, and which a step
+replays), ``set_forward_context``/``BatchDescriptor``, ``StepTimingCollector``; the model
+runners' classes are subclassed (V1) or have their method bodies replayed (V2's
+``execute_model``), so that fxflops' hooks patch them exactly as in a server. The model:
+``pieces`` piecewise graphs, each instrumented by ``hooks._instrument_piece`` as vLLM's
+compiled pieces are, with eager attention between them; each piece runs ``PIECE_MS`` and
+attention ``ATTENTION_MS`` on the (simulated) device.
+
+The order, per the sources:
+
+1. ``determine_available_memory`` (phase "profile"): ``profile_run`` (an eager forward at
+   ``max_num_batched_tokens``), then ``profile_cudagraph_memory`` (the two largest graphs
+   of each mode captured into a throw-away pool, then cleared);
+2. ``compile_or_warm_up_model`` (phase "warmup"): ``capture_model`` (phase "capture"):
+   per mode (PIECEWISE first, then FULL), per size, largest first, one eager warm-up run
+   then the capturing run, a sync after each; V1: the sampler's eager warm-up run after;
+3. serving: each step's forward is a FULL replay, piecewise replays around eager
+   attention, or eager; async scheduling: the host never waits, the device runs ``lag``
+   steps behind.
+
+Runnable as a script (the signal tests): ``python tests/gpu_lifecycle.py RUNNER MODE STEPS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.cuda_sim import CudaSim  # noqa: E402
+
+HIDDEN = 24
+PIECE_MS = 0.2
+ATTENTION_MS = 0.1
+CAPTURE_SIZES = [1, 2, 4, 8]
+MAX_TOKENS = 16  # max_num_batched_tokens: the profile run's size, the compile range's end
+
+
+class Patcher:
+    """pytest's monkeypatch for a script: set attributes, undo them in reverse."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def setattr(self, owner: Any, name: str, value: Any, raising: bool = True) -> None:
+        self._undo.append((owner, name, getattr(owner, name, None)))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        while self._undo:
+            owner, name, value = self._undo.pop()
+            setattr(owner, name, value)
+
+
+def install_simulator(sim: CudaSim, patcher: Any) -> None:
+    """The simulator as ``torch.cuda`` (and ``torch.accelerator.synchronize``), and what
+    vLLM's CUDA-graph wrapper needs on a CPU build (vLLM's CPU platform has no graph pool
+    and no ``_C.weak_ref_tensor``)."""
+    sim.install(patcher)
+    patcher.setattr(torch.accelerator, "synchronize", lambda device=None: sim.synchronize())
+    from vllm.compilation import cuda_graph
+    from vllm.platforms import current_platform
+
+    patcher.setattr(type(current_platform), "_global_graph_pool", ("sim-pool", 0))
+    patcher.setattr(cuda_graph, "weak_ref_tensors", lambda x: x)
+    patcher.setattr(cuda_graph, "current_stream", lambda: torch.cuda.current_stream())
+
+
+def on_gpu(patcher: Any) -> None:
+    """Graphs instrumented from now on are planned for "cuda" (their example inputs are CPU
+    tensors here), so they are timed by (simulated) CUDA events."""
+    from fxflops.instrument import plan, wrap
+
+    real_plan = wrap.plan
+
+    def planned_on_gpu(*args: Any, **kwargs: Any) -> Any:
+        graph_plan = real_plan(*args, **kwargs)
+        graph_plan.device = "cuda"
+        return graph_plan
+
+    patcher.setattr(wrap, "plan", planned_on_gpu)
+    patcher.setattr(plan, "device_name", lambda device: "NVIDIA H200")
+
+
+def vllm_config(mode_name: str) -> Any:
+    """A VllmConfig with CUDA graphs as a GPU would have them (vLLM's CPU platform turns
+    them off in the constructor: set again after it)."""
+    from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
+
+    config = VllmConfig(compilation_config=CompilationConfig())
+    cc = config.compilation_config
+    cc.cudagraph_mode = CUDAGraphMode[mode_name]
+    cc.cudagraph_capture_sizes = list(CAPTURE_SIZES)
+    cc.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    cc.cudagraph_num_of_warmups = 1  # what VllmConfig sets on a GPU
+    cc.is_attention_compiled_piecewise = lambda: True  # (the dispatcher asserts it)
+    return config
+
+
+def piece(index: int, pieces: int, sim: CudaSim) -> Any:
+    """One piecewise graph as vLLM's compile hands it over (a general range), instrumented
+    through fxflops' piecewise hook."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxflops.integrations.vllm import hooks
+
+    weight = torch.randn(HIDDEN, HIDDEN)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ weight)
+
+    example = torch.randn(MAX_TOKENS, HIDDEN)
+    # the weight a get_attr constant, as in vLLM's graphs; the token count symbolic
+    gm = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(example)
+
+    def compiled(x: torch.Tensor) -> torch.Tensor:
+        sim.launch(PIECE_MS)
+        return fn(x)
+
+    class Range:
+        start, end = 1, MAX_TOKENS
+
+    named = {"graph": gm, "compile_range": Range(), "graph_index": index, "num_graphs": pieces,
+             "example_inputs": [example]}
+    return hooks._instrument_piece(named, compiled)
+
+
+class Model:
+    """Pieces with eager attention between them (vLLM's piecewise split)."""
+
+    def __init__(self, pieces: list[Any], sim: CudaSim) -> None:
+        self.pieces = pieces
+        self.sim = sim
+
+    def __call__(self, input_ids: Any = None, positions: Any = None,
+                 intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                 **kwargs: Any) -> torch.Tensor:
+        x = torch.ones(int(positions.shape[0]), HIDDEN)
+        for p in self.pieces:
+            x = p(x)
+            self.sim.launch(ATTENTION_MS)  # attention: outside the piecewise graphs
+        return x
+
+
+class Batch:
+    """What fxflops reads of a step's batch: host-side arrays only (V1 and V2 names)."""
+
+    def __init__(self, query_lens: list[int], context_lens: list[int], padded: int) -> None:
+        n = len(query_lens)
+        self.num_reqs = n
+        starts = np.zeros(n + 1, dtype=np.int32)
+        starts[1:] = np.cumsum(query_lens)
+        self.query_start_loc_np = starts
+        self.num_computed_tokens_cpu = np.asarray(context_lens, dtype=np.int32)
+        self.num_computed_tokens_np = self.num_computed_tokens_cpu
+        self.num_tokens = int(sum(query_lens))
+        self.num_tokens_after_padding = padded
+
+
+class _StartLoc:
+    def __init__(self, values: np.ndarray) -> None:
+        self.np = values
+
+
+def runner_classes() -> tuple[type, type, type]:
+    """(V1 runner subclass, V2 runner subclass, worker subclass): the methods vLLM's worker
+    lifecycle calls, as their sources run them, on subclasses of vLLM's own classes (the
+    hooks find and patch them)."""
+    from vllm.v1.worker import gpu_model_runner as v1
+    from vllm.v1.worker.gpu import model_runner as v2
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    class SimWorker(WorkerBase):
+        def determine_available_memory(self) -> int:
+            self.model_runner.profile_run()
+            self.model_runner.profile_cudagraph_memory()
+            return 1 << 30
+
+        def compile_or_warm_up_model(self) -> None:
+            self.model_runner.capture_model()
+            self.model_runner.after_capture()
+
+    class SimV1Runner(_Lifecycle, v1.GPUModelRunner):
+        def profile_run(self) -> None:
+            self._dummy_run(MAX_TOKENS, is_profile=True)
+            torch.accelerator.synchronize()
+
+        def capture_model(self) -> int:
+            return self.capture_all(profile_only=False)
+
+        def after_capture(self) -> None:  # the sampler's warm-up run, eager, after capture
+            from vllm.config import CUDAGraphMode
+
+            self._dummy_run(min(4, MAX_TOKENS), cudagraph_runtime_mode=CUDAGraphMode.NONE)
+
+    class SimV2Runner(_Lifecycle, v2.GPUModelRunner):
+        def profile_run(self) -> None:
+            self.execute_model(None, dummy_run=True, is_profile=True)
+            torch.accelerator.synchronize()
+
+        def capture_model(self, profile_only: bool = False) -> int:
+            return self.capture_all(profile_only=profile_only)
+
+        def after_capture(self) -> None:
+            pass
+
+    return SimV1Runner, SimV2Runner, SimWorker
+
+
+class _Lifecycle:
+    """The runner's side of the lifecycle, shared by the V1 and V2 subclasses (each step as
+    its runner's source does it)."""
+
+    sim: CudaSim
+    version: str
+    dispatcher: Any
+    full_graphs: dict[Any, Any]
+
+    # --- capture (V1 ``capture_model``/``_capture_cudagraphs``, V2 ``CudaGraphManager``) ---
+
+    def capture_all(self, profile_only: bool) -> int:
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with self.capture_stream():
+                torch.accelerator.synchronize()
+                for mode, descs in self.dispatcher.get_capture_descs():
+                    for desc in (descs[:2] if profile_only else descs):
+                        self.warm_up_and_capture(desc, mode)
+                        torch.accelerator.synchronize()
+        finally:
+            set_cudagraph_capturing_enabled(False)
+        return 0
+
+    def profile_cudagraph_memory(self) -> int:
+        """The graphs' memory, measured by capturing the largest ones into a throw-away pool,
+        then clearing them (V1 ``profile_cudagraph_memory``; V2 ``capture_model(
+        profile_only=True)``)."""
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+        self.capture_all(profile_only=True)
+        CUDAGraphWrapper.clear_all_graphs()
+        self.full_graphs.clear()
+        return 0
+
+    @contextlib.contextmanager
+    def capture_stream(self) -> Iterator[None]:
+        """``graph_capture(device)``: a side stream for the captures."""
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            yield
+
+    def warm_up_and_capture(self, desc: Any, mode: Any) -> None:
+        from vllm.config import CUDAGraphMode
+
+        self.forward(desc.num_tokens, CUDAGraphMode.NONE, None)  # one eager warm-up
+        torch.accelerator.synchronize()
+        if self.version == "v2" and mode == CUDAGraphMode.FULL:
+            # V2: its own graph around the model run with mode NONE (no wrapper)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, ("sim-pool", 0), stream=torch.cuda.current_stream()):
+                self.forward(desc.num_tokens, CUDAGraphMode.NONE, None)
+            self.full_graphs[desc] = graph
+        else:  # the wrappers capture (V1's FULL wrapper, the piecewise ones)
+            self.forward(desc.num_tokens, mode, desc)
+
+    def forward(self, tokens: int, mode: Any, desc: Any, attn: Any = None) -> Any:
+        from vllm.forward_context import set_forward_context
+
+        with set_forward_context(attn, self.vllm_config, num_tokens=tokens,
+                                 cudagraph_runtime_mode=mode, batch_descriptor=desc):
+            if attn is not None and self.version == "v1":
+                return self._model_forward(input_ids=None, positions=torch.arange(tokens))
+            return self.model(positions=torch.arange(tokens))
+
+    # --- V1 ``_dummy_run``: the model called directly, never ``_model_forward`` ---------
+
+    def _dummy_run(self, num_tokens: int, cudagraph_runtime_mode: Any = None,
+                   uniform_decode: bool = False, is_profile: bool = False,
+                   **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+
+        if is_profile or cudagraph_runtime_mode == CUDAGraphMode.NONE:
+            return self.forward(num_tokens, CUDAGraphMode.NONE, None)
+        mode, desc = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform_decode)
+        return self.forward(desc.num_tokens if desc else num_tokens, mode, desc)
+
+    # --- one serving step --------------------------------------------------------------
+
+    def step(self, query_lens: list[int], context_lens: list[int]) -> None:
+        """One scheduled step: dispatched (padded to a captured size, or eager), its
+        forward through the runner's own path; the host goes on at once."""
+        from vllm.config import CUDAGraphMode
+
+        tokens = int(sum(query_lens))
+        uniform = all(q == 1 for q in query_lens)
+        mode, desc = self.dispatcher.dispatch(tokens, uniform_decode=uniform)
+        padded = desc.num_tokens if desc is not None and mode != CUDAGraphMode.NONE else tokens
+        batch = Batch(query_lens, context_lens, padded)
+        if self.version == "v1":
+            self.input_batch = batch
+            self.query_start_loc = _StartLoc(batch.query_start_loc_np)
+            self.forward(padded, mode, desc, attn={})
+        else:
+            self.execute_model(batch, mode=mode, desc=desc)
+        self.sim.step()
+
+
+def v2_execute_model(self: Any, scheduler_output: Any, intermediate_tensors: Any = None,
+                     dummy_run: bool = False, skip_attn_for_dummy_run: bool = False,
+                     is_profile: bool = False, mode: Any = None, desc: Any = None) -> None:
+    """V2's ``execute_model`` as its source runs it: the batch dispatched, then
+    ``step_timing.record_batch(input_batch, cg_mode == FULL)`` right before the forward (a
+    FULL replay with no forward context, piecewise replays or eager under one)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import set_forward_context
+
+    if dummy_run:
+        batch = Batch([MAX_TOKENS], [0], MAX_TOKENS)
+        mode, desc = CUDAGraphMode.NONE, None
+    else:
+        batch = scheduler_output
+    self.step_timing.record_batch(batch, mode == CUDAGraphMode.FULL)
+    if mode == CUDAGraphMode.FULL:
+        self.full_graphs[desc].replay()  # run_fullgraph: no forward context
+        return None
+    with set_forward_context({}, self.vllm_config, num_tokens=batch.num_tokens_after_padding,
+                             cudagraph_runtime_mode=mode, batch_descriptor=desc):
+        self.model(positions=torch.arange(batch.num_tokens_after_padding))
+    return None
+
+
+class Server:
+    """One vLLM worker on the simulated GPU: its config, runner, model and fxflops' hooks."""
+
+    def __init__(self, sim: CudaSim, patcher: Any, runner: str = "v1",
+                 mode: str = "FULL_AND_PIECEWISE", pieces: int = 3) -> None:
+        from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
+        from vllm.config import CUDAGraphMode
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+        from vllm.v1.worker.gpu import model_runner as v2
+        from vllm.v1.worker.gpu.async_utils import StepTimingCollector
+
+        from fxflops.integrations.vllm import forward, hooks
+
+        self.sim = sim
+        install_simulator(sim, patcher)
+        on_gpu(patcher)
+        patcher.setattr(v2.GPUModelRunner, "execute_model", v2_execute_model)
+        v1_cls, v2_cls, worker_cls = runner_classes()
+        config = vllm_config(mode)
+        graph_mode = config.compilation_config.cudagraph_mode
+        instrumented = [piece(i, pieces, sim) for i in range(pieces)]
+        if graph_mode.has_piecewise_cudagraphs():
+            instrumented = [CUDAGraphWrapper(p, config, runtime_mode=CUDAGraphMode.PIECEWISE,
+                                             cudagraph_options=CUDAGraphOptions(
+                                                 gc_disable=i > 0,
+                                                 weak_ref_output=i == pieces - 1))
+                            for i, p in enumerate(instrumented)]
+        model: Any = Model(instrumented, sim)
+        if runner == "v1" and graph_mode.has_full_cudagraphs():
+            model = CUDAGraphWrapper(model, config, runtime_mode=CUDAGraphMode.FULL)
+        cls = v1_cls if runner == "v1" else v2_cls
+        self.runner = object.__new__(cls)
+        r = self.runner
+        r.sim, r.version, r.vllm_config, r.model = sim, runner, config, model
+        r.full_graphs = {}
+        r.device = torch.device("cuda", 0)
+        r.model_config = type("ModelConfig", (), {"dtype": torch.bfloat16})()
+        r.dispatcher = CudagraphDispatcher(config)
+        r.dispatcher.initialize_cudagraph_keys(graph_mode, uniform_decode_query_len=1)
+        r.step_timing = StepTimingCollector()
+        self.worker = object.__new__(worker_cls)
+        self.worker.model_runner = r
+        # fxflops' hooks, as its vLLM plugin installs them in a worker
+        forward.install_forward_timing()
+        forward.install_attention_coster()
+        hooks.install_warmup_phases()
+
+    def start(self) -> None:
+        """The worker's start-up, in vLLM's order."""
+        self.worker.determine_available_memory()
+        self.worker.compile_or_warm_up_model()
+
+    def serve(self, steps: int, seed: int = 0) -> dict[str, int]:
+        """``steps`` scheduled steps: decode batches of 1-8 requests (FULL replays where the
+        mode has them), prefill chunks of 3-16 tokens (piecewise replays, or eager past the
+        largest captured size). Returns the steps by kind."""
+        rng = np.random.default_rng(seed)
+        kinds = {"decode": 0, "prefill": 0}
+        for _ in range(steps):
+            if rng.random() < 0.7:
+                n = int(rng.integers(1, 9))
+                self.runner.step([1] * n, list(rng.integers(8, 64, size=n)))
+                kinds["decode"] += 1
+            else:
+                q = int(rng.integers(3, 17))
+                self.runner.step([q], [int(rng.integers(0, 32))])
+                kinds["prefill"] += 1
+        return kinds
+
+
+def _signal_inside(lock_path: str, signum: int, marker: str) -> None:
+    """Replace the lock at ``lock_path`` with one that sends ``signum`` to this process the
+    first time the main thread holds it (the handler runs inside the locked section)."""
+    import signal  # noqa: F401
+    import threading
+    import time
+
+    owner_path, _, attr = lock_path.rpartition(".")
+    owner = _resolve(owner_path)
+    real = getattr(owner, attr)
+
+    class SignalingLock:
+        fired = False
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            got = real.acquire(blocking, timeout)
+            if got and not SignalingLock.fired and \
+                    threading.current_thread() is threading.main_thread():
+                SignalingLock.fired = True
+                Path(marker).write_text(repr(time.time()))
+                try:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(0.01)  # the handler runs here, the lock held
+                except BaseException:  # what the handler raised (SIGINT): as a with-body's
+                    real.release()
+                    raise
+            return got
+
+        def release(self) -> None:
+            real.release()
+
+        def locked(self) -> bool:
+            return real.locked()
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc: Any) -> None:
+            real.release()
+
+    setattr(owner, attr, SignalingLock())
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    from fxflops.outputs.session import recorder
+    from fxflops.recording import cuda_events
+
+    special = {"clock": lambda: cuda_events.clock(), "recorder": recorder,
+               "record": lambda: recorder().graphs[0]}
+    head, _, rest = path.partition(".")
+    obj = special[head]() if head in special else importlib.import_module(head)
+    for part in rest.split(".") if rest else []:
+        obj = getattr(obj, part)
+    return obj
+
+
+def main(argv: list[str]) -> int:
+    """``RUNNER MODE STEPS [LOCK SIGNAL MARKER]``: start a server and serve; with a lock,
+    a signal is delivered inside it during serving."""
+    import signal
+
+    runner, mode, steps = argv[0], argv[1], int(argv[2])
+    sim = CudaSim(lag=2, devices=1)
+    patcher = Patcher()
+    server = Server(sim, patcher, runner=runner, mode=mode)
+    server.start()
+    server.serve(5)
+    if len(argv) > 3:
+        _signal_inside(argv[3], getattr(signal, argv[4]), argv[5])
+    from fxflops.recording.phases import warmup
+
+    with warmup("warmup"):  # a phase change: the phase, recorder and record locks
+        server.serve(3)
+    server.serve(steps)
+    print("served", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,232 @@
+"""The GPU path as vLLM drives it, on the CUDA simulator (no GPU here): vLLM's GPU worker
+lifecycle for the V1 and V2 runners and each CUDA-graph mode (tests/gpu_lifecycle.py:
+memory profiling with its throw-away captures, warm-up, ``capture_model`` for every
+capture size, then serving with async scheduling, the device two steps behind the host),
+through fxflops' real vLLM hooks and vLLM's real CUDA-graph wrapper and dispatcher.
+
+The simulator enforces CUDA's rules (capture modes: no synchronise, query or
+``elapsed_time`` while a global capture is in progress, from any thread; events done only
+when the device reaches them; a current device per thread) and records every violation
+even where fxflops swallows the error; each test asserts there were none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="drives vLLM's own CUDA-graph classes")
+
+import fxflops  # noqa: E402
+from fxflops.recording import cuda_events, phases  # noqa: E402
+from fxflops.report.files import load_reports  # noqa: E402
+from tests import procs  # noqa: E402
+from tests.cuda_sim import CudaSim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL_DECODE_ONLY")
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """``make(runner, mode)``: a started vLLM worker on a simulated GPU (device 2 behind)."""
+    from tests.gpu_lifecycle import Server
+
+    made = []
+
+    def make(runner: str, mode: str) -> Server:
+        sim = CudaSim(lag=2, devices=1)
+        s = Server(sim, monkeypatch, runner=runner, mode=mode)
+        made.append(s)
+        s.start()
+        return s
+
+    yield make
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    from fxflops.integrations.vllm import hooks
+
+    hooks.uninstall()
+    CUDAGraphWrapper.clear_all_graphs()
+    for s in made:
+        cuda_events._CLOCKS.pop(s.sim.CUDAGraph, None)
+
+
+def serving_calls(rec) -> dict[str, int]:
+    return {g.name: sum(r.count for r in g.rows.values()) for g in rec.graphs}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_every_replay_counts_where_it_is_served(server, runner, mode):
+    """Start-up (profile run, throw-away captures, warm-up, capture of every size) leaves
+    the serving rows empty; 120 served steps count 120 calls of each piece, each step
+    exactly once, whether it ran eager, as piecewise replays or as a FULL replay; a step
+    that replayed any graph is ``captured`` under V1 and V2 alike; every whole forward is
+    timed once the device caught up; no illegal CUDA call."""
+    s = server(runner, mode)
+    rec = fxflops.recorder()
+    assert set(serving_calls(rec).values()) == {0}
+    warm = {phase for g in rec.graphs for phase in g.warmup_rows()}
+    assert {"profile", "capture"} <= warm
+    kinds = s.serve(120)
+    s.sim.drain()
+    report = rec.to_dict()  # (counts the replays, reads what finished)
+    assert set(serving_calls(rec).values()) == {120}
+    forwards = report["forward"]
+    assert sum(r["calls"] for r in forwards) == 120
+    assert sum(r["timed_calls"] for r in forwards) == 120
+    decode, captured = kinds["decode"], sum(r["captured"] for r in forwards)
+    if mode == "FULL_DECODE_ONLY":  # prefill runs eager: only decode steps replay
+        assert captured == decode
+    else:  # every decode step, and prefill chunks up to the largest captured size
+        assert decode < captured <= 120
+    # the warm-up rows hold warm-up only: the profile and capture phases' eager runs
+    for g in report["graphs"]:
+        assert {r["warmup"] for r in g.get("warmup", [])} <= {"profile", "warmup", "capture"}
+        assert sum(r["calls"] for r in g["rows"]) == 120
+    assert s.sim.violations == []
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_piecewise_replays_are_timed_with_the_device_two_behind(server, runner):
+    """PIECEWISE: each piece's graph holds one call; its replays are timed by pooled eager
+    pairs, which no later replay overwrites: at least 90% timed while the device is still
+    two steps behind, all once it caught up."""
+    s = server(runner, "PIECEWISE")
+    s.serve(200)
+    rec = fxflops.recorder()
+    rec.to_dict()
+    for g in rec.graphs:
+        rows = list(g.rows.values())
+        calls, timed = sum(r.count for r in rows), sum(r.samples_taken for r in rows)
+        assert calls == 200 and timed >= 0.9 * calls, (g.name, calls, timed)
+    s.sim.drain()
+    rec.to_dict()
+    assert all(r.samples_taken == r.count for g in rec.graphs for r in g.rows.values())
+    assert s.sim.violations == []
+
+
+def test_full_graph_pieces_say_how_many_were_timed(server, monkeypatch, tmp_path):
+    """A FULL replay is the whole forward (its row timed); its pieces' own times are read
+    when the last replay has finished, and the report says how many were: at the final
+    flush, timed + lost = calls for every row, and nothing is left in flight."""
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
+    s = server("v1", "FULL_DECODE_ONLY")
+    s.serve(100)
+    s.sim.drain()
+    fxflops.recorder().flush(final=True)  # as at exit
+    (report,) = load_reports([tmp_path])
+    for g in report["graphs"]:
+        for r in g["rows"]:
+            assert r["timed_calls"] + r["lost_samples"] == r["calls"]
+    assert report["timing"]["in_flight"] == 0
+    assert report["timing"]["replays"] > 0
+
+
+def test_kernel_profiling_takes_serving_calls_only_and_never_breaks_a_capture(
+        server, monkeypatch):
+    """FXFLOPS_KERNELS: the profiler waits for the device (as torch.profiler does on a
+    GPU), which CUDA forbids during a capture: across start-up (captures included) and
+    serving, profiling ran on eager serving calls only, N per size, and no capture was
+    invalidated. (A kernel map needs Inductor, which these pieces do not go through: each
+    piece is given one.)"""
+    import torch
+
+    from fxflops.cost.kernels import KernelCost
+    from fxflops.instrument import wrap
+    from fxflops.recording import kernel_profile
+
+    profiled: list[tuple[str, object]] = []
+
+    def profile(call, row, kernels, device):
+        torch.cuda.synchronize()  # what profiling a GPU call does
+        profiled.append((phases.phase(), row.size))
+        out = call()
+        kernel_profile.note(row, 1000, [], 0)  # (the profiled call noted, as the real one)
+        return out, True
+
+    monkeypatch.setattr(kernel_profile, "profile", profile)
+    real_init = wrap.InstrumentedGraph.__init__
+
+    def with_kernels(self, inner, record, graph_plan, timer=None, boxed=False, dynamo=False,
+                     kernels=None):
+        record.kernels = [KernelCost("triton_poi_fused_relu_0", 0, tuple(
+            n.name for n in graph_plan.cost.nodes), 0, 0, 0)]
+        real_init(self, inner, record, graph_plan, timer, boxed, dynamo, kernels=2)
+
+    monkeypatch.setattr(wrap.InstrumentedGraph, "__init__", with_kernels)
+    s = server("v1", "FULL_AND_PIECEWISE")
+    s.serve(60)
+    assert s.sim.violations == []
+    assert profiled and {phase for phase, _ in profiled} == {phases.SERVING}
+    per_size = {}
+    for _, size in profiled:
+        per_size[size] = per_size.get(size, 0) + 1
+    assert max(per_size.values()) <= 2 * 3  # N=2 per size, for each of the 3 pieces
+
+
+def test_prometheus_counts_every_replay(server):
+    """A scrape during serving sees every replay made so far (counted at the scrape)."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    s = server("v2", "FULL_AND_PIECEWISE")
+    fxflops.recorder().register_prometheus(registry)
+    s.serve(50)
+    calls = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == "fxflops_graph_calls_total":
+                graph = sample.labels["graph"]
+                calls[graph] = calls.get(graph, 0) + sample.value
+    assert calls and set(calls.values()) == {50.0}
+    assert s.sim.violations == []
+
+
+# --- signals inside fxflops' locks: the process ends by its signal, with its report ------
+
+LOCKS = {
+    "the CUDA clock's": "clock.lock",
+    "a graph record's": "record._lock",
+    "the recorder's": "recorder._lock",
+    "the phase stack's": "fxflops.recording.phases._PHASE_LOCK",
+}
+
+
+@pytest.mark.parametrize(("signame", "lock"), [
+    *(("SIGTERM", lock) for lock in LOCKS),
+    ("SIGINT", "the CUDA clock's"), ("SIGINT", "a graph record's")])
+def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(tmp_path, signame,
+                                                                         lock):
+    """A served vLLM worker (simulated GPU, whose device stops: a hung GPU) gets SIGTERM or
+    SIGINT while its main thread holds one of fxflops' locks: the handler's flush must not
+    wait for that lock or for the device without bound. Its report is written within 5 s
+    of the signal, whole, with the steps served, and the process ends by that signal:
+    SIGTERM within 5 s (SIGINT's default action is an exception that unwinds the host's
+    stack and shuts Python down, vLLM included, before the exit's own report: 15 s)."""
+    out = tmp_path / "out"
+    marker = tmp_path / "signalled"
+    started = time.monotonic()
+    proc = procs.run([sys.executable, str(ROOT / "tests" / "gpu_lifecycle.py"), "v1",
+                      "FULL_AND_PIECEWISE", "400", LOCKS[lock], signame, str(marker)],
+                     timeout=300, cwd=ROOT, env={**os.environ, "FXFLOPS_OUT": str(out)})
+    ended = time.time()
+    assert marker.exists(), (proc.returncode, proc.stderr[-2000:])
+    assert proc.returncode == -getattr(signal, signame), (proc.returncode, proc.stderr[-2000:])
+    signalled = float(marker.read_text())
+    took = ended - signalled
+    (path,) = out.glob("fxflops-*.json")
+    written = path.stat().st_mtime - signalled  # (the last write: SIGINT's is at exit)
+    limit = 5.0 if signame == "SIGTERM" else 15.0
+    assert written < limit and took < limit, f"{signame}: report {written:.2f} s, exit {took:.2f} s"
+    (report,) = load_reports([out])
+    assert sum(r["calls"] for r in report["forward"]) >= 5
+    print(f"{signame} inside {lock} lock: report {written:.2f} s, exit {took:.2f} s after it "
+          f"(process ran {time.monotonic() - started:.0f} s)")
+    json.dumps(report)
