@@ -126,6 +126,9 @@ KERNELS = Variable("FXFLOPS_KERNELS", _count, None,
                    "map every node to the Inductor kernel it ran in, and profile N calls per "
                    "size under `torch.profiler` for each kernel's time (0: the map only; see "
                    "[kernels.md](kernels.md))")
+LOG = Variable("FXFLOPS_LOG", _text, None,
+               "`debug`: keep what the profiler itself prints at each profiled call (Kineto's "
+               "`USDT`/`STAGE` lines, dropped otherwise; see [kernels.md](kernels.md))")
 PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
                      "export Prometheus counters (written at each flush; under vLLM they show "
                      "in its `/metrics`, see [serving.md](serving.md))")
@@ -142,8 +145,8 @@ PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
                             "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, KERNELS, PROMETHEUS,
-                                   PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
+                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, KERNELS, LOG,
+                                   PROMETHEUS, PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
 
 
 def warn_unknown_variables() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -335,3 +336,36 @@ def test_report_kernels_lists_the_slowest_first_and_the_furthest_from_the_roofli
               if name in line]
     assert listed == ["k_slow", "k_mid", "k_far"], text  # k_fast: past the limit
     assert "furthest from the roofline: k_far (1.0%), k_mid (5.0%), k_slow (50.0%)" in text
+
+
+def test_profiled_calls_leave_the_log_quiet(tmp_path):
+    """``kernels=N``: Kineto prints a ``USDT:... profiler_start``/``profiler_stop`` line at
+    each profiled call; fxflops drops them (a server profiling N calls per size would flood
+    its log), keeps everything else written meanwhile, and writes at most a few lines of
+    its own. ``FXFLOPS_LOG=debug`` keeps them."""
+    code = textwrap.dedent("""
+        import sys, torch, fxflops
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 16))
+        compiled = torch.compile(model, backend=fxflops.backend(kernels=3), dynamic=True)
+        with torch.no_grad():
+            for n in (2, 3, 5, 7):
+                for _ in range(4):
+                    compiled(torch.randn(n, 16))
+        print("host line", file=sys.stderr)
+        rows = fxflops.recorder().to_dict()["graphs"][0]["rows"]
+        print(sum(r["kernels_profile"]["calls"] for r in rows))
+    """)
+    script = tmp_path / "profiled.py"
+    script.write_text(code)
+    quiet = procs.run([sys.executable, str(script)], timeout=600, cwd=ROOT,
+                      env={k: v for k, v in os.environ.items() if k != "FXFLOPS_LOG"})
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stdout.split()[-1] == "12"  # 3 profiled calls at each of the 4 sizes
+    lines = quiet.stderr.splitlines()
+    assert not [line for line in lines if line.startswith(("USDT:", "STAGE:"))]
+    assert "host line" in lines
+    assert len([line for line in lines if "fxflops" in line]) <= 3, lines
+    loud = procs.run([sys.executable, str(script)], timeout=600, cwd=ROOT,
+                     env={**os.environ, "FXFLOPS_LOG": "debug"})
+    assert len([line for line in loud.stderr.splitlines() if line.startswith("USDT:")]) >= 24

@@ -37,3 +37,86 @@ def test_mfu_dtype_is_the_matmuls_dtype():
     compiled(torch.randn(4, 16, dtype=torch.bfloat16))
     assert fxflops.recorder().graphs[0].cost.matmul_dtype == "torch.bfloat16"
     assert fxflops.recorder().info["dtype"] == "bf16"
+
+
+# --- a CPU's derived peak: the rule by hand, on fake lscpu outputs --------------------------
+
+SAPPHIRE_RAPIDS = """Architecture:            x86_64
+Vendor ID:               GenuineIntel
+Model name:              Intel(R) Xeon(R) Platinum 8480+
+CPU family:              6
+Thread(s) per core:      2
+Core(s) per socket:      56
+CPU max MHz:             3800.0000
+Flags:                   fpu sse sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 \
+amx_bf16 amx_int8 amx_tile avx512_fp16
+"""
+ICE_LAKE = """Vendor ID:               GenuineIntel
+Model name:              Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+CPU family:              6
+Thread(s) per core:      2
+Flags:                   fpu sse sse2 avx avx2 fma avx512f avx512dq avx512_vnni
+"""
+EPYC_AVX2 = """Vendor ID:               AuthenticAMD
+Model name:              AMD EPYC
+CPU family:              25
+Thread(s) per core:      1
+Flags:                   fpu sse sse2 avx fma avx2 f16c
+"""
+EPYC_ZEN4 = EPYC_AVX2.replace("f16c", "f16c avx512f avx512_bf16 avx512_vnni")
+CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel name\t: AMD EPYC\n" \
+          "cpu MHz\t\t: 2445.406\nsiblings\t: 2\ncpu cores\t: 2\nflags\t\t: fma avx2\n"
+
+
+@pytest.mark.parametrize("text,cpus,threads,base,dtype,tflops,isa", [
+    # AMX: 56 cores (112 CPUs, 2 threads per core; torch's 56 threads) x 2.0 GHz base x
+    # 1024 bf16 FLOP/cycle (a 16x16x32 tile product every 16 cycles)
+    (SAPPHIRE_RAPIDS, 112, 56, 2000.0, "bf16", 56 * 2.0e9 * 1024 / 1e12, "amx_bf16"),
+    (SAPPHIRE_RAPIDS, 112, 56, 2000.0, "int8", 56 * 2.0e9 * 2048 / 1e12, "amx_int8"),
+    (SAPPHIRE_RAPIDS, 112, 56, 2000.0, "fp32", 56 * 2.0e9 * 64 / 1e12, "avx512"),
+    # AVX-512, no bf16 unit: 32 cores (64 CPUs, SMT 2, 32 torch threads) x 2.0 GHz (the
+    # model name's) x 64 fp32 FLOP/cycle (2 x 512-bit FMA); bf16 converted to fp32
+    (ICE_LAKE, 64, 32, None, "fp32", 32 * 2.0e9 * 64 / 1e12, "avx512"),
+    (ICE_LAKE, 64, 32, None, "bf16", 32 * 2.0e9 * 64 / 1e12, "bf16 computed in fp32"),
+    (ICE_LAKE, 64, 32, None, "int8", 32 * 2.0e9 * 256 / 1e12, "vnni"),
+    # AVX2 (this project's machines): 2 cores x 3.5 GHz (cpufreq) x 32 (2 x 256-bit FMA);
+    # torch's 1 thread uses one core
+    (EPYC_AVX2, 2, 2, 3500.0, "bf16", 2 * 3.5e9 * 32 / 1e12, "avx2+fma"),
+    (EPYC_AVX2, 2, 1, 3500.0, "fp32", 1 * 3.5e9 * 32 / 1e12, "avx2+fma"),
+    # Zen 4: AVX-512 on 256-bit datapaths (32 fp32), VDPBF16PS twice that
+    (EPYC_ZEN4, 8, 8, 2400.0, "fp32", 8 * 2.4e9 * 32 / 1e12, "256-bit datapath"),
+    (EPYC_ZEN4, 8, 8, 2400.0, "bf16", 8 * 2.4e9 * 64 / 1e12, "avx512_bf16"),
+    # /proc/cpuinfo, no cpufreq: the current clock, labelled so
+    (CPUINFO, 2, 2, None, "fp32", 2 * 2.445406e9 * 32 / 1e12, "current clock"),
+])
+def test_a_cpus_peak_is_derived_from_its_isa_cores_and_clock(text, cpus, threads, base, dtype,
+                                                             tflops, isa):
+    from fxflops.report.cpu_peak import CpuFacts, derive
+
+    facts = CpuFacts.parse(text, cpus=cpus, torch_threads=threads, base_mhz=base)
+    got, source = derive(facts, dtype)
+    assert got == pytest.approx(tflops, rel=1e-9), source
+    assert source.startswith("derived:") and isa in source
+
+
+def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(monkeypatch):
+    """Out of the box a CPU run's report has a peak (source "derived: ...") and its rows an
+    MFU; ``fxflops peak --measure``'s figure replaces it; the environment overrides both."""
+    from fxflops.report.peaks import save_measured
+
+    monkeypatch.delenv("FXFLOPS_PEAK_TFLOPS", raising=False)
+    compiled = torch.compile(torch.nn.Linear(64, 64), backend=fxflops.backend(inner="eager"))
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(32, 64))
+    report = fxflops.recorder().to_dict()
+    assert report["peak"]["source"].startswith("derived:") and report["peak"]["tflops"] > 0
+    (row,) = report["graphs"][0]["rows"]
+    assert row["mfu"] is not None and row["mfu"] > 0
+    device = fxflops.recorder().info["device"]
+    save_measured(device, {report["process"]["dtype"] or "fp32": 1.5, "fp32": 1.5}, 10.0)
+    measured = fxflops.recorder().to_dict()["peak"]
+    assert measured["source"] == "measured" and measured["tflops"] == 1.5
+    monkeypatch.setenv("FXFLOPS_PEAK_TFLOPS", "2.5")
+    assert fxflops.recorder().to_dict()["peak"] == {"tflops": 2.5, "gbps": 10.0,
+                                                    "source": "env"}

@@ -12,16 +12,16 @@ from rich.table import Table
 
 from fxflops import config
 from fxflops.cli.args import positive_int
-from fxflops.cli.tables import fmt_bytes, fmt_num, make_console
+from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
 
 DECODE = [(2, 1), (4, 1), (8, 1), (16, 1)]
 PREFILL = [(2, 16), (2, 32), (2, 64), (2, 128)]
 
 
 def inner_backend(name: str) -> str:
-    from torch._dynamo import list_backends
+    from fxflops import torch_compat
 
-    known = set(list_backends(exclude_tags=())) - {"fxflops"}
+    known = set(torch_compat.get("list_backends")(exclude_tags=())) - {"fxflops"}
     if name not in known:
         raise argparse.ArgumentTypeError(
             f"unknown backend {name!r} (one of: {', '.join(sorted(known))})")
@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
                     expected[where] = counter.get_total_flops() + sdpa_flops(cfg, b, s)
     elapsed = time.perf_counter() - start
 
+    peak = rec.to_dict()["peak"]
     table = Table(title="per graph and size (median of the calls)")
     for col in ("graph", "size", "calls", "median ms", "GFLOPs", "matmul GFLOPs", "GFLOP/s",
-                "bytes (I/O)", "FLOP/byte", "FlopCounterMode"):
+                "MFU", "bytes (I/O)", "FLOP/byte", "FlopCounterMode"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     ok = True
     for row in rec.stats():
@@ -93,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(row["graph"], str(row["size"]), str(row["calls"]),
                       f"{row['median_ms']:.3f}", fmt_num(row["flops"] / 1e9),
                       fmt_num(row["matmul_flops"] / 1e9),
-                      fmt_num((row["tflops"] or 0) * 1e3), fmt_bytes(row["bytes_io"]),
+                      fmt_num((row["tflops"] or 0) * 1e3), fmt_pct(row["mfu"]),
+                      fmt_bytes(row["bytes_io"]),
                       fmt_num(row["intensity"] or 0), check)
     console.print(table)
+    console.print(escape(f"MFU against a peak of {peak.get('tflops') or 0:.3f} TFLOP/s "
+                         f"[{peak.get('source')}] (fxflops peak --measure measures it)"))
 
     # the graph with the most size symbols (prefill: batch and sequence) shows the most
     first = max(rec.graphs, key=lambda g: (len(g.cost.symbols), len(g.rows)))

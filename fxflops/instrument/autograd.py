@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fxflops import torch_compat
 from fxflops.cost.binder import static_size
 from fxflops.instrument.wrap import wrap_graph
 from fxflops.outputs.session import recorder
@@ -75,9 +76,10 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
             record.meta["source"] = source[0]
         return wrapped
 
-    with torch._functorch.config.patch(enable_autograd_cache=False):
+    with torch_compat.get("functorch_config").patch(enable_autograd_cache=False):
         if inner == "inductor":
-            from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+            compile_fx = torch_compat.get("compile_fx")
+            compile_fx_inner = torch_compat.get("compile_fx_inner")
 
             def inner_compile(graph: torch.fx.GraphModule, inputs: Sequence[Any],
                               **kwargs: Any) -> Any:
@@ -90,8 +92,8 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
                                        config_patches=inductor_patches or None, **options)
             return compiled  # a callable here (other types are for AOT export)
 
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
+        make_boxed_func = torch_compat.get("make_boxed_func")
+        aot_autograd = torch_compat.get("aot_autograd")
 
         def compiler(phase: str) -> Callable[..., Any]:
             def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:

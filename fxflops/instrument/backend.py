@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fxflops import torch_compat
 from fxflops.instrument import distributed_hooks as distributed
 from fxflops.instrument import provenance
 from fxflops.instrument.wrap import kernels_setting, wrap_graph
@@ -58,29 +59,25 @@ def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[s
     ``backend="inductor"`` makes it (``torch._TorchCompileInductorWrapper``)."""
     if not mode and not options:
         return {}
-    wrapper = torch._TorchCompileInductorWrapper(mode, options, None)  # type: ignore[attr-defined]
+    wrapper = torch_compat.get("inductor_options")(mode, options, None)
     return dict(wrapper.config)
 
 
 def resolve_inner(inner: str | Callable[..., Any]) -> Callable[..., Any]:
     if callable(inner):
         return inner
-    from torch._dynamo.backends.registry import lookup_backend
-
     if inner == "fxflops":
         raise ValueError("fxflops cannot wrap itself")
-    return lookup_backend(inner)
+    return torch_compat.get("lookup_backend")(inner)
 
 
 def _eager_forward(compiled: Any) -> Any:
     """A lazily recompiled GraphModule's ``forward`` (what the eager backends return) goes
     through ``nn.Module.__call__`` on every call until recompiled: recompile it now, and
     call the generated forward, as Dynamo's own eager path ends up doing."""
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
+    lazy = torch_compat.get("lazy_graph_module")
     owner = getattr(compiled, "__self__", None)
-    if isinstance(owner, _LazyGraphModule) and \
-            getattr(compiled, "__func__", None) is _LazyGraphModule._lazy_forward:
+    if isinstance(owner, lazy) and getattr(compiled, "__func__", None) is lazy._lazy_forward:
         owner.real_recompile()
         return owner.forward
     return compiled
@@ -120,9 +117,8 @@ class FxflopsBackend:
 
         def compile_inner() -> Any:
             if self.inner == "inductor":
-                from torch._inductor.compile_fx import compile_fx
-
-                return compile_fx(gm, example_inputs, config_patches=patches or None, **kwargs)
+                return torch_compat.get("compile_fx")(gm, example_inputs,
+                                                      config_patches=patches or None, **kwargs)
             return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
 
         return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(gm), gm=gm,
@@ -145,7 +141,7 @@ class FxflopsBackend:
         graph that DDP's optimizer split at its gradient buckets is compiled piece by
         piece, and every piece runs: each has its ``piece`` number."""
         meta: dict[str, Any] = {"inner": _inner_name(self.inner)}
-        compile_id = torch._guards.CompileContext.current_compile_id()
+        compile_id = torch_compat.get("current_compile_id")()
         if compile_id is not None and getattr(compile_id, "frame_id", None) is not None:
             meta["frame"] = compile_id.frame_id
         reason = getattr(gm, "compile_subgraph_reason", None)

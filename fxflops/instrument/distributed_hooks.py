@@ -24,12 +24,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fxflops import torch_compat
 from fxflops.patching import Patch, patch_method, subclasses
 
 log = logging.getLogger(__name__)
 
-_FSDP_COLLECTIVES = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
-_FSDP_API = "torch.distributed.fsdp._fully_shard._fsdp_api"
+_FSDP_COLLECTIVES = torch_compat.PRIVATES["fsdp_collectives"].module
+_FSDP_API = torch_compat.PRIVATES["fsdp_api"].module
 # FSDP2's collective kinds, and the argument holding the unsharded buffer
 _KINDS = (("AllGather", "all_gather", "output_tensor"),
           ("ReduceScatter", "reduce_scatter", "input_tensor"))
@@ -101,7 +102,7 @@ def ddp_compiled_nothing() -> bool:
     ``_inside_ddp_forward``) and fxflops recorded no graph in this process."""
     from fxflops.recording.store import current
 
-    utils = sys.modules.get("torch._dynamo.utils")
+    utils = sys.modules.get(torch_compat.PRIVATES["dynamo_utils"].module)
     if utils is None:
         return False
     breaks = utils.counters.get("graph_break") or {}

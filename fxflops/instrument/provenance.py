@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from fxflops import torch_compat
 from fxflops.cost.kernels import _POST_LINE, ARTIFACT, POST_GRAD
 
 
@@ -62,8 +63,7 @@ def capture() -> Iterator[Capture]:
     """Collect the provenance mappings Inductor emits inside (one per graph it compiles or
     loads from its cache). Structured tracing only runs while a handler listens: one is
     added here, for the compile only."""
-    from torch._logging._internal import trace_log
-
+    trace_log = torch_compat.get("trace_log")
     collector = _Collector()
     with _capture_lock:
         trace_log.addHandler(collector)
@@ -83,11 +83,11 @@ def fresh_provenance(backward: bool) -> Iterator[None]:
     if not backward:
         yield
         return
-    import torch._inductor.config as inductor_config
-    from torch._inductor import debug
-
-    reset = getattr(debug, "reset_provenance_globals", contextlib.nullcontext)
-    with inductor_config.patch(inductor_patches()), reset():
+    try:
+        reset = torch_compat.get("reset_provenance_globals")
+    except AttributeError:  # (a torch without it: the globals as they are)
+        reset = contextlib.nullcontext
+    with torch_compat.get("inductor_config").patch(inductor_patches()), reset():
         yield
 
 

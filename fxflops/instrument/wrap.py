@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._dynamo.aot_compile_types import SerializableCallable
 
+from fxflops import torch_compat
 from fxflops.cost import kernels as kernel_costs
 from fxflops.cost.analysis import analysis_version
 from fxflops.instrument import provenance
@@ -157,13 +157,15 @@ def _callable_of(inner: Any, dynamo: bool) -> Any:
     eval-frame round trip per call, as Dynamo makes for a plain backend."""
     if dynamo and getattr(inner, "_torchdynamo_disable", False) and \
             getattr(inner, "_torchdynamo_disable_recursive", True):
-        from torch._dynamo.eval_frame import innermost_fn
-
-        return innermost_fn(inner)
+        return torch_compat.get("innermost_fn")(inner)
     return inner
 
 
-class _Serializable(SerializableCallable):
+# vLLM's AOT cache keeps callables of this class (their state travels with the artifact)
+SerializableCallable = torch_compat.get("serializable_callable")
+
+
+class _Serializable(SerializableCallable):  # type: ignore[misc,valid-type]
     """A wrapper whose state travels with its inner artifact (vLLM's AOT cache)."""
 
     inner: Any
@@ -172,13 +174,9 @@ class _Serializable(SerializableCallable):
     def _inner_state(inner: Any) -> dict[str, Any]:
         if not isinstance(inner, SerializableCallable):
             if getattr(inner, "serialize", None) is not None:
-                from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
-
-                inner = BundledAOTAutogradSerializableCallable(inner)
+                inner = torch_compat.get("bundled_aot_callable")(inner)
             elif isinstance(inner, torch.fx.GraphModule):
-                from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
-
-                inner = GraphModuleSerializableCallable(inner)
+                inner = torch_compat.get("graph_module_callable")(inner)
             else:
                 raise RuntimeError(f"fxflops: inner callable {type(inner)} is not serialisable")
         return {"inner_cls": _qualname(inner),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fxflops import config
+from fxflops import config, torch_compat
 from fxflops.cost.graph_cost import Count, GraphCost, NodeCost, evaluate
 from fxflops.util import atomic_text, human
 
@@ -164,8 +164,7 @@ def dump_graph(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
     for d in dirs:
         atomic_text(text, os.path.join(d, f"{_safe(record.name)}.py"))
     try:
-        from torch._logging import trace_structured
-
+        trace_structured = torch_compat.get("trace_structured")
         trace_structured("artifact", metadata_fn=lambda: {
             "name": f"fxflops_{_safe(record.name)}", "encoding": "string"},
             payload_fn=lambda: text)

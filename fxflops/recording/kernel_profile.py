@@ -4,8 +4,14 @@ matched to the kernel map (``cost.kernels``) and noted in the row.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
+from fxflops import config
 from fxflops.cost.kernels import _HANDLE, CPP_EVENT, NONE, KernelCost
 
 
@@ -38,6 +44,41 @@ def op_event(kernel: str) -> str:
     return name
 
 
+# what the profiler's C++ side prints on every start and stop (Kineto's "USDT:... profiler_
+# start" and "STAGE:... Completed Stage" lines): a server profiling N calls per size would
+# flood its log with them
+_PROFILER_NOISE = (b"USDT:", b"STAGE:")
+
+
+@contextlib.contextmanager
+def profiler_quiet() -> Iterator[None]:
+    """The process's stderr, around a profiler start or stop, without the profiler's own
+    lines: whatever else was written meanwhile (another thread's log) is written on after
+    it. ``FXFLOPS_LOG=debug`` keeps them."""
+    if config.LOG.get() == "debug":
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        spool = tempfile.TemporaryFile()  # (a file, not a pipe: a full pipe would block)
+        os.dup2(spool.fileno(), 2)
+    except (OSError, ValueError):  # no fd 2 (a daemon): nothing to keep quiet
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        spool.seek(0)
+        kept = b"".join(line for line in spool.read().splitlines(keepends=True)
+                        if not line.startswith(_PROFILER_NOISE))
+        spool.close()
+        if kept:
+            os.write(2, kept)
+
+
 def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tuple[Any, bool]:
     """Run ``call()`` (the graph's call, timed as any other) under ``torch.profiler`` and
     note each kernel's time in ``row.kernel_profile``. On a GPU the profiled call waits for
@@ -57,7 +98,8 @@ def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tupl
         activities.append(ProfilerActivity.CUDA)
     try:
         prof = torch_profile(activities=activities)
-        prof.__enter__()
+        with profiler_quiet():
+            prof.__enter__()
     except Exception as e:
         warn_once(f"kernel-profile:{type(e).__name__}", "fxflops: kernels not profiled "
                   "(%s: %s)", type(e).__name__, e)
@@ -70,7 +112,8 @@ def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tupl
         ns = time.perf_counter_ns() - t0
     finally:
         try:
-            prof.__exit__(None, None, None)
+            with profiler_quiet():
+                prof.__exit__(None, None, None)
         except Exception:
             pass
     try:

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fxflops import config, placement
+from fxflops import config, placement, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
 from fxflops.recording import phases
@@ -150,11 +150,10 @@ class BackwardPasses:
     step's figures are divided by (``fxflops.steps``)."""
 
     def __init__(self) -> None:
-        import torch  # (the store imports no torch until a backward graph records)
 
         self.by_size: dict[Any, int] = {}
         self._last: int | None = None
-        self._task_id = torch._C._current_graph_task_id
+        self._task_id = torch_compat.get("graph_task_id")
 
     def note(self, size: Any) -> None:
         """(From a backward graph's call.) Count the pass it runs in, once."""

@@ -1,8 +1,10 @@
 """Device peaks: dense (non-sparse) TFLOP/s per dtype and memory GB/s.
 
 Figures are the vendors' datasheet numbers for dense math (the sparse figures are twice
-these). ``FXFLOPS_PEAK_TFLOPS`` / ``FXFLOPS_PEAK_GBPS`` override the table; on a CPU there
-is no table entry and MFU is only reported when they are set (or measured: ``fxflops peak``).
+these). A CPU has no table entry: its peak is derived from its ISA, cores and clock
+(``cpu_peak``, source ``derived: ...``), or measured once (``fxflops peak --measure``,
+source ``measured``), which then replaces it. ``FXFLOPS_PEAK_TFLOPS`` /
+``FXFLOPS_PEAK_GBPS`` override both.
 """
 
 from __future__ import annotations
@@ -140,6 +142,10 @@ def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[st
         measured = load_measured(device_name)
         if measured is not None and measured["tflops"].get(dtype):
             tflops, gbps, source = measured["tflops"][dtype], measured.get("gbps"), "measured"
+        elif device_name.startswith("cpu"):  # this host's, from its ISA, cores and clock
+            from fxflops.report.cpu_peak import host_peak
+
+            tflops, source = host_peak(dtype)
     env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
     if env_t:
         tflops, source = env_t, "env"

@@ -59,9 +59,10 @@ def install() -> None:
     hooks.install_piecewise_compiler()
     if config.KERNELS.get() is not None:
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
-        import torch._inductor.config as inductor_config
-
+        from fxflops import torch_compat
         from fxflops.instrument.provenance import inductor_patches
+
+        inductor_config = torch_compat.get("inductor_config")
 
         for key, value in inductor_patches().items():
             section, name = key.split(".")
