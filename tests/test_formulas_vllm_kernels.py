@@ -22,6 +22,7 @@ or, where there is none, against the schema strings of the wheel's ``_C.abi3.so`
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -880,7 +881,8 @@ def test_op_counts_as_by_hand(case: Case) -> None:
         assert cost.bytes_io == ex.bytes_io, where
 
 
-def wheel_schemas() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def wheel_schemas() -> frozenset[str]:
     """The schema strings of the installed vLLM's AVX-512-BF16/AMX ``_C`` build, read from
     its file (never loaded: where this host lacks the ISA it would not run)."""
     import vllm
@@ -889,7 +891,7 @@ def wheel_schemas() -> set[str]:
     for path in sorted(Path(vllm.__file__).parent.glob("_C.*so")):
         found |= {t.decode() for t in re.findall(rb"[\x20-\x7e]{8,}", path.read_bytes())
                   if b") -> " in t}
-    return found
+    return frozenset(found)  # (read once: the file is tens of MB)
 
 
 @pytest.mark.parametrize("qualified", sorted(AVX512_SCHEMAS),

@@ -12,9 +12,9 @@ even where fxflops swallows the error; each test asserts there were none.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -199,10 +199,42 @@ LOCKS = {
 }
 
 
-@pytest.mark.parametrize(("signame", "lock"), [
-    *(("SIGTERM", lock) for lock in LOCKS),
-    ("SIGINT", "the CUDA clock's"), ("SIGINT", "a graph record's")])
-def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(tmp_path, signame,
+SIGNAL_CASES = [*(("SIGTERM", lock) for lock in LOCKS),
+                ("SIGINT", "the CUDA clock's"), ("SIGINT", "a graph record's")]
+
+
+@pytest.fixture(scope="module")
+def signal_runs(tmp_path_factory):
+    """Each case's run, two processes at a time (each mostly waits on vLLM's import); a
+    process's end is noted when it ends (polled), not when it is waited for."""
+    cases = {case: tmp_path_factory.mktemp("signal") for case in SIGNAL_CASES}
+    pending, running, results = list(cases), {}, {}
+    deadline = time.monotonic() + 600
+    while pending or running:
+        while pending and len(running) < 2:
+            signame, lock = case = pending.pop(0)
+            folder = cases[case]
+            running[case] = procs.popen(
+                [sys.executable, str(ROOT / "tests" / "gpu_lifecycle.py"), "v1",
+                 "FULL_AND_PIECEWISE", "400", LOCKS[lock], signame, str(folder / "signalled")],
+                cwd=ROOT, env={**os.environ, "FXFLOPS_OUT": str(folder / "out")},
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for case, proc in list(running.items()):
+            if proc.poll() is not None:
+                ended = time.time()
+                _, err = procs.finish(proc, timeout=60)
+                results[case] = (proc.returncode, ended, err, cases[case])
+                del running[case]
+        if time.monotonic() > deadline:
+            for proc in running.values():
+                proc.kill()
+            raise AssertionError(f"signal runs past 600 s: {sorted(running)}")
+        time.sleep(0.05)
+    return results
+
+
+@pytest.mark.parametrize(("signame", "lock"), SIGNAL_CASES)
+def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(signal_runs, signame,
                                                                          lock):
     """A served vLLM worker (simulated GPU, whose device stops: a hung GPU) gets SIGTERM or
     SIGINT while its main thread holds one of fxflops' locks: the handler's flush must not
@@ -210,15 +242,10 @@ def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(tmp_pa
     of the signal, whole, with the steps served, and the process ends by that signal:
     SIGTERM within 5 s (SIGINT's default action is an exception that unwinds the host's
     stack and shuts Python down, vLLM included, before the exit's own report: 15 s)."""
-    out = tmp_path / "out"
-    marker = tmp_path / "signalled"
-    started = time.monotonic()
-    proc = procs.run([sys.executable, str(ROOT / "tests" / "gpu_lifecycle.py"), "v1",
-                      "FULL_AND_PIECEWISE", "400", LOCKS[lock], signame, str(marker)],
-                     timeout=300, cwd=ROOT, env={**os.environ, "FXFLOPS_OUT": str(out)})
-    ended = time.time()
-    assert marker.exists(), (proc.returncode, proc.stderr[-2000:])
-    assert proc.returncode == -getattr(signal, signame), (proc.returncode, proc.stderr[-2000:])
+    returncode, ended, stderr, folder = signal_runs[signame, lock]
+    marker, out = folder / "signalled", folder / "out"
+    assert marker.exists(), (returncode, stderr[-2000:])
+    assert returncode == -getattr(signal, signame), (returncode, stderr[-2000:])
     signalled = float(marker.read_text())
     took = ended - signalled
     (path,) = out.glob("fxflops-*.json")
@@ -227,6 +254,4 @@ def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(tmp_pa
     assert written < limit and took < limit, f"{signame}: report {written:.2f} s, exit {took:.2f} s"
     (report,) = load_reports([out])
     assert sum(r["calls"] for r in report["forward"]) >= 5
-    print(f"{signame} inside {lock} lock: report {written:.2f} s, exit {took:.2f} s after it "
-          f"(process ran {time.monotonic() - started:.0f} s)")
-    json.dumps(report)
+    print(f"{signame} inside {lock} lock: report {written:.2f} s, exit {took:.2f} s after it")

@@ -289,12 +289,16 @@ def test_peak_measure_is_kept_and_reached_again(tmp_path):
 def test_vllm_mode2_inductor_graph_kernels_at_every_size(tmp_path):
     """vLLM, mode 2 with backend "fxflops" (Inductor): the model's graph mapped to its
     kernels, exact at every size vLLM ran (attention's run-time FLOPs with the kernel that
-    runs it), each kernel timed over its profiled calls."""
+    runs it), each kernel timed over its profiled calls; and the worker's log carries none
+    of the profiler's own lines."""
     out = tmp_path / "out"
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--mode", "2",
            "--backend", "fxflops", "--cache", str(tmp_path / "cache")]
     result = procs.run(cmd, timeout=900, cwd=ROOT, env={**os.environ, "FXFLOPS_KERNELS": "2"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    # profiled calls in vLLM's worker: the profiler's own lines never reach the log
+    log = (result.stdout + result.stderr).splitlines()
+    assert not [line for line in log if "USDT:" in line or "STAGE:" in line]
     from fxflops.report.files import load_reports
 
     (report,) = load_reports([out])

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from fxflops import config
+from fxflops.report.cpu_peak import host_peak
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +144,6 @@ def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[st
         if measured is not None and measured["tflops"].get(dtype):
             tflops, gbps, source = measured["tflops"][dtype], measured.get("gbps"), "measured"
         elif device_name.startswith("cpu"):  # this host's, from its ISA, cores and clock
-            from fxflops.report.cpu_peak import host_peak
-
             tflops, source = host_peak(dtype)
     env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
     if env_t:

@@ -29,6 +29,10 @@ Builder = Callable[[Named], Any]
 
 
 SOFTMAX = 5  # max, subtract, exp, sum, divide: docs/conventions.md's softmax
+# the graph ops whose formulas count the kernels that run inside them (``register_inside``)
+ATTENTION_OP = "vllm::unified_attention_with_output"
+MLA_OP = "vllm::unified_mla_attention_with_output"
+MOE_OP = "vllm::moe_forward"
 
 
 def tensor(named: Named, name: str) -> Any:

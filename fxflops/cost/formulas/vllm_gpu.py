@@ -23,6 +23,9 @@ from math import prod
 from typing import Any
 
 from fxflops.cost.formulas.builders import (
+    ATTENTION_OP,
+    MLA_OP,
+    MOE_OP,
     OUT_N,
     SOFTMAX,
     Builder,
@@ -817,48 +820,45 @@ register(TABLE)
 
 # --- kernels that run only inside another graph op: that op's formula counts them -----
 
-_ATTENTION_BACKEND = "vllm::unified_attention_with_output"
-_MLA = "vllm::unified_mla_attention_with_output"
-_MOE = "vllm::moe_forward"
 _INDEXER = "vllm::sparse_attn_indexer"
 
 INSIDE: dict[str, str] = {
     # attention backends' kernels, run by the layer's impl inside the attention op
-    "_vllm_fa2_C::varlen_fwd": _ATTENTION_BACKEND,
-    "_vllm_fa2_C::fwd_sparse": _ATTENTION_BACKEND,
-    "_vllm_fa2_C::varlen_fwd_sparse": _ATTENTION_BACKEND,
-    "_vllm_fa3_C::fwd": _ATTENTION_BACKEND,
-    "_rocm_C::paged_attention": _ATTENTION_BACKEND,
-    "aiter::paged_attention_v1": _ATTENTION_BACKEND,
-    "fmha_sm100::sparse_kvouter_attn": _ATTENTION_BACKEND,  # MiniMax-M3's MSA backend
+    "_vllm_fa2_C::varlen_fwd": ATTENTION_OP,
+    "_vllm_fa2_C::fwd_sparse": ATTENTION_OP,
+    "_vllm_fa2_C::varlen_fwd_sparse": ATTENTION_OP,
+    "_vllm_fa3_C::fwd": ATTENTION_OP,
+    "_rocm_C::paged_attention": ATTENTION_OP,
+    "aiter::paged_attention_v1": ATTENTION_OP,
+    "fmha_sm100::sparse_kvouter_attn": ATTENTION_OP,  # MiniMax-M3's MSA backend
     # MLA backends' kernels (FlashMLA, AITER), inside the MLA attention op
-    "_flashmla_C::dense_decode_fwd": _MLA,
-    "_flashmla_C::dense_prefill_fwd": _MLA,
-    "_flashmla_C::sparse_decode_fwd": _MLA,
-    "_flashmla_C::sparse_prefill_fwd": _MLA,
-    "_flashmla_extension_C::fwd_kvcache_mla_fp8": _MLA,
-    "vllm::rocm_aiter_gather_kv_b_proj": _MLA,
-    "vllm::rocm_aiter_mla_decode_fwd": _MLA,
-    "vllm::rocm_aiter_mla_decode_fwd_lse": _MLA,
+    "_flashmla_C::dense_decode_fwd": MLA_OP,
+    "_flashmla_C::dense_prefill_fwd": MLA_OP,
+    "_flashmla_C::sparse_decode_fwd": MLA_OP,
+    "_flashmla_C::sparse_prefill_fwd": MLA_OP,
+    "_flashmla_extension_C::fwd_kvcache_mla_fp8": MLA_OP,
+    "vllm::rocm_aiter_gather_kv_b_proj": MLA_OP,
+    "vllm::rocm_aiter_mla_decode_fwd": MLA_OP,
+    "vllm::rocm_aiter_mla_decode_fwd_lse": MLA_OP,
     # fused-MoE experts and their grouped GEMMs, run by the MoE runner inside moe_forward
-    "deep_gemm::bf16_mega_moe": _MOE,
-    "deep_gemm::fp4_fp4_mega_moe": _MOE,
-    "deep_gemm::fp8_fp4_mega_moe": _MOE,
-    "deep_gemm::nvfp4_mega_moe": _MOE,
-    "deep_gemm::m_grouped_bf16_gemm_nn_contiguous": _MOE,
-    "deep_gemm::m_grouped_bf16_gemm_nt_contiguous": _MOE,
-    "deep_gemm::m_grouped_bf16_gemm_nt_masked": _MOE,
-    "deep_gemm::m_grouped_fp8_fp4_gemm_nn_contiguous": _MOE,
-    "deep_gemm::m_grouped_fp8_fp4_gemm_nt_contiguous": _MOE,
-    "deep_gemm::m_grouped_fp8_fp4_gemm_nt_masked": _MOE,
-    "vllm::deepseek_v4_mega_moe_experts": _MOE,
-    "vllm::fused_experts": _MOE,
-    "vllm::fused_flydsl_moe_impl": _MOE,
-    "vllm::fused_moe_lora": _MOE,
-    "vllm::fused_moe_lora_fp8": _MOE,
-    "vllm::rocm_aiter_asm_moe_tkw1": _MOE,
-    "vllm::rocm_aiter_fused_moe": _MOE,
-    "_rocm_C::moe_gptq_gemm_rdna3": _MOE,  # RDNA3's W4A16 experts
+    "deep_gemm::bf16_mega_moe": MOE_OP,
+    "deep_gemm::fp4_fp4_mega_moe": MOE_OP,
+    "deep_gemm::fp8_fp4_mega_moe": MOE_OP,
+    "deep_gemm::nvfp4_mega_moe": MOE_OP,
+    "deep_gemm::m_grouped_bf16_gemm_nn_contiguous": MOE_OP,
+    "deep_gemm::m_grouped_bf16_gemm_nt_contiguous": MOE_OP,
+    "deep_gemm::m_grouped_bf16_gemm_nt_masked": MOE_OP,
+    "deep_gemm::m_grouped_fp8_fp4_gemm_nn_contiguous": MOE_OP,
+    "deep_gemm::m_grouped_fp8_fp4_gemm_nt_contiguous": MOE_OP,
+    "deep_gemm::m_grouped_fp8_fp4_gemm_nt_masked": MOE_OP,
+    "vllm::deepseek_v4_mega_moe_experts": MOE_OP,
+    "vllm::fused_experts": MOE_OP,
+    "vllm::fused_flydsl_moe_impl": MOE_OP,
+    "vllm::fused_moe_lora": MOE_OP,
+    "vllm::fused_moe_lora_fp8": MOE_OP,
+    "vllm::rocm_aiter_asm_moe_tkw1": MOE_OP,
+    "vllm::rocm_aiter_fused_moe": MOE_OP,
+    "_rocm_C::moe_gptq_gemm_rdna3": MOE_OP,  # RDNA3's W4A16 experts
     # linear kernels inside the vLLM op that picks them
     "_rocm_C::wvSplitK": "vllm::rocm_unquantized_gemm",
     "_rocm_C::wvSplitKrc": "vllm::rocm_unquantized_gemm",
@@ -898,7 +898,7 @@ INSIDE: dict[str, str] = {
         "vllm::xpu_deepseek_fused_indexer_q_rope_mxfp4",
     "_xpu_C::fused_input_norm": "vllm::xpu_fused_input_norm",
     # found in 0.33's compiled extensions (the census of names in its Python misses them)
-    "_vllm_fa2_C::fwd_kvcache": _ATTENTION_BACKEND,
+    "_vllm_fa2_C::fwd_kvcache": ATTENTION_OP,
     "_qutlass_C::fusedQuantizeNvQuest": "vllm::fused_quantize_nv",
     "deep_gemm::tf32_hc_prenorm_gemm": "vllm::mhc_pre_tilelang",  # the mHC mix projection
 }

@@ -26,6 +26,9 @@ from typing import Any
 import torch
 
 from fxflops.cost.formulas.builders import (
+    ATTENTION_OP,
+    MLA_OP,
+    MOE_OP,
     OUT_N,
     SOFTMAX,
     Builder,
@@ -384,44 +387,41 @@ register(TABLE)
 
 # --- kernels that run only inside another graph op: that op's formula counts them -----
 
-_ATTENTION = "vllm::unified_attention_with_output"
-_MLA = "vllm::unified_mla_attention_with_output"
-_MOE_OP = "vllm::moe_forward"
 _DEEPSEEK_V4_CPU = "vllm::deepseek_v4_cpu_prepare_and_attn"
 
 INSIDE: dict[str, str] = {
     # attention backends' kernels, run by the layer's impl inside the attention op: the
     # CPU backend, ROCm's Octave backend (its rotation too), zentorch's SDPA backend, the
     # merge of a chunked prefill's two partial results
-    "_C::cpu_attention_with_kv_cache": _ATTENTION,
-    "_C::merge_attn_states": _ATTENTION,  # also in MLA's chunked-context prefill
-    "_C::octave_decode": _ATTENTION,
-    "_C::octave_prefill": _ATTENTION,
-    "_C::octave_rotate": _ATTENTION,
-    "zentorch::zentorch_sdpa_attn": _ATTENTION,
+    "_C::cpu_attention_with_kv_cache": ATTENTION_OP,
+    "_C::merge_attn_states": ATTENTION_OP,  # also in MLA's chunked-context prefill
+    "_C::octave_decode": ATTENTION_OP,
+    "_C::octave_prefill": ATTENTION_OP,
+    "_C::octave_rotate": ATTENTION_OP,
+    "zentorch::zentorch_sdpa_attn": ATTENTION_OP,
     # Qwen4-exp's sparse attention decodes with Octave inside its own op
     "_C::octave_decode_sparse": "vllm::qwen4_exp_qsa_with_output",
     # MLA backends' kernels: AMX (sgl decode/extend), the generic CPU decode, Blackwell's,
     # zentorch's prefill SDPA (also behind vllm::torch_sdpa_wrapper in vision encoders)
-    "_C::decode_attention_cpu": _MLA,
-    "_C::extend_attention_cpu": _MLA,
-    "_C::mla_decode_kvcache": _MLA,
-    "_C::sm100_cutlass_mla_decode": _MLA,
-    "zentorch::zentorch_sdpa": _MLA,
+    "_C::decode_attention_cpu": MLA_OP,
+    "_C::extend_attention_cpu": MLA_OP,
+    "_C::mla_decode_kvcache": MLA_OP,
+    "_C::sm100_cutlass_mla_decode": MLA_OP,
+    "zentorch::zentorch_sdpa": MLA_OP,
     # a GPU MoE runner's grouped GEMMs, activations, routing and sum, inside moe_forward
-    "_C::cutlass_fp4_group_mm": _MOE_OP,
-    "_C::cutlass_moe_mm": _MOE_OP,
-    "_C::cutlass_mxfp4_group_mm": _MOE_OP,
-    "_C::cutlass_w4a8_moe_mm": _MOE_OP,
-    "_C::masked_moe_activation": _MOE_OP,
-    "_C::silu_and_mul_mxfp4_experts_quant": _MOE_OP,
-    "_C::silu_and_mul_scaled_fp4_experts_quant": _MOE_OP,
-    "_moe_C::grouped_topk": _MOE_OP,
-    "_moe_C::moe_sum": _MOE_OP,
-    "_moe_C::moe_wna16_gemm": _MOE_OP,
-    "_moe_C::moe_wna16_marlin_gemm": _MOE_OP,
-    "_moe_C::topk_sigmoid": _MOE_OP,
-    "_moe_C::topk_softplus_sqrt": _MOE_OP,
+    "_C::cutlass_fp4_group_mm": MOE_OP,
+    "_C::cutlass_moe_mm": MOE_OP,
+    "_C::cutlass_mxfp4_group_mm": MOE_OP,
+    "_C::cutlass_w4a8_moe_mm": MOE_OP,
+    "_C::masked_moe_activation": MOE_OP,
+    "_C::silu_and_mul_mxfp4_experts_quant": MOE_OP,
+    "_C::silu_and_mul_scaled_fp4_experts_quant": MOE_OP,
+    "_moe_C::grouped_topk": MOE_OP,
+    "_moe_C::moe_sum": MOE_OP,
+    "_moe_C::moe_wna16_gemm": MOE_OP,
+    "_moe_C::moe_wna16_marlin_gemm": MOE_OP,
+    "_moe_C::topk_sigmoid": MOE_OP,
+    "_moe_C::topk_softplus_sqrt": MOE_OP,
     # DeepSeek-V4 on CPU: compressor, indexer, sparse MLA and the output's inverse rope,
     # all inside the one opaque attention op (models/deepseek_v4/cpu/cpu_sparse.py)
     "_C::compress_norm_rope_store_cpu": _DEEPSEEK_V4_CPU,
