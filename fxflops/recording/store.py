@@ -132,15 +132,19 @@ class GraphRecord:
         rows = list(self.rows.values())
         return rows + [self.overflow] if self.overflow.count else rows
 
-    def after_fork(self) -> None:
-        """(In a forked child.) Empty counts: the parent's calls are the parent's; a lock
-        the parent held at the fork is a new one here."""
-        self._lock = threading.Lock()
+    def clear_counts(self) -> None:
+        """Every row forgotten (its callables keep reading the same dicts)."""
         self.rows.clear()
         for rows in self.warmup.values():
             rows.clear()
         self.overflow = SizeStats((), "overflow")
         self.dropped_keys.clear()
+
+    def after_fork(self) -> None:
+        """(In a forked child.) Empty counts: the parent's calls are the parent's; a lock
+        the parent held at the fork is a new one here."""
+        self._lock = threading.Lock()
+        self.clear_counts()
 
 
 class BackwardPasses:
@@ -266,11 +270,7 @@ class Recorder:
     def reset(self) -> None:
         """Forget every row (graphs stay registered: their callables still point here)."""
         for g in self.graphs_snapshot():
-            g.rows.clear()
-            for rows in g.warmup.values():
-                rows.clear()
-            g.overflow = SizeStats((), "overflow")
-            g.dropped_keys.clear()
+            g.clear_counts()
         self.forwards.clear()
         for forwards in self.warmup_forwards.values():
             forwards.clear()
@@ -284,14 +284,8 @@ class Recorder:
         are the parent's report's."""
         self._lock = threading.Lock()
         for g in self.graphs_snapshot():
-            g.after_fork()
-        self.forwards.clear()
-        for forwards in self.warmup_forwards.values():
-            forwards.clear()
-        self.collectives.clear()
-        self.backward_passes.by_size.clear()
-        for entry in list(self.uninstrumented):
-            entry.calls = 0
+            g.after_fork()  # (its own new lock, then the same clearing as reset's)
+        self.reset()
         self.started = time.time()
 
 
