@@ -86,7 +86,7 @@ class CapturedGraph:
     per phase (several calls: counted at the next collection)."""
 
     __slots__ = ("calls", "runtime", "device", "rows", "pending", "unread", "last_phase",
-                 "next_read", "replays", "__weakref__")
+                 "next_read", "__weakref__")
 
     def __init__(self, device: int) -> None:
         self.calls: list[_Held] = []
@@ -99,7 +99,6 @@ class CapturedGraph:
         self.unread: dict[str, int] = {}  # phase -> replays whose per-call times are lost
         self.last_phase: str | None = None  # the previous replay's, while its pairs are unread
         self.next_read = 0  # replays until the captured pairs are read again
-        self.replays = 0
 
     def rows_in(self, phase: str) -> list[Any]:
         """Each held call's row in ``phase`` (made at the first replay there, on the
@@ -283,7 +282,6 @@ class CudaClock:
         phase = phases.phase()
         rows = entry.rows.get(phase) or entry.rows_in(phase)
         self.replays += 1
-        entry.replays += 1
         for i in entry.runtime:  # run-time costs (vLLM attention) of this step
             charge_runtime(rows[i])
         if len(rows) == 1:
