@@ -262,27 +262,31 @@ def test_plot_kernels_draws_a_point_per_kernel(kernel_report, tmp_path):
     assert "6 kernel points" in result.stdout and image.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_peak_measure_is_kept_and_reached_again(tmp_path):
-    """``fxflops peak --measure``: this CPU's GEMM peak, kept as its peak (source
-    ``measured``); the same microbenchmark run again reaches it within 10%."""
+def test_peak_measure_is_kept_as_this_hosts_peak(tmp_path):
+    """``fxflops peak --measure``: this CPU's GEMM rate, printed and kept as its peak
+    (source ``measured``) for later runs, and physically possible: under the peak the CPU's
+    own facts allow (cores x clock x FLOP/cycle; a turbo clock may pass the current clock a
+    little, a miscounted GEMM by 2x would not). A rate measured again is not compared:
+    this VM's neighbours move it by half (a timed assertion, not a test)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     result = procs.run([sys.executable, "-m", "fxflops.cli.main", "peak", "--measure",
                         "--n", "512"], env=env)
     assert result.returncode == 0, result.stderr
-    check = ("import json, platform\n"
+    check = ("import json\n"
              "from fxflops.report.peaks import current_peak, load_measured\n"
+             "from fxflops.report.cpu_peak import host_peak\n"
              "from fxflops.instrument.plan import device_name\n"
-             "from fxflops.cli.peak import measure\n"
              "kept = load_measured(device_name('cpu'))\n"
              "peak = current_peak(device_name('cpu'), 'fp32')\n"
-             "again = max(measure('cpu', 'fp32', 512)[0] for _ in range(3))\n"
              "print(json.dumps({'kept': kept['tflops']['fp32'], 'source': peak['source'],"
-             " 'tflops': peak['tflops'], 'again': again}))\n")
+             " 'tflops': peak['tflops'], 'derived': host_peak('fp32')[0]}))\n")
     out = procs.run([sys.executable, "-c", check], env=env)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["source"] == "measured" and got["tflops"] == got["kept"]
-    assert got["again"] >= 0.9 * got["kept"]
+    assert got["source"] == "measured" and got["tflops"] == got["kept"] > 0
+    assert f"fp32: measured {got['kept']:.3f} TFLOP/s" in result.stdout
+    if got["derived"] is not None:  # a host whose cores, clock and ISA can be read
+        assert got["kept"] <= 1.5 * got["derived"]
 
 
 @pytest.mark.vllm

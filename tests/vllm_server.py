@@ -116,10 +116,12 @@ class Server:
 
     def settled(self, metrics_url: str | None = None) -> tuple[dict, list[dict]]:
         """/metrics (or another exporter's) and the report once the workers flushed after
-        the last request (every second, FXFLOPS_FLUSH_S=1; an idle server runs no steps,
-        so both then hold)."""
+        the last request (every second, FXFLOPS_FLUSH_S=1): the two agree on the calls, and
+        both are as they were a flush before (a step may still run after a request's
+        answer came back; an idle server runs none)."""
         from fxflops.report.files import load_reports
 
+        before = metrics = None
         for _ in range(30):
             time.sleep(1)
             try:
@@ -128,10 +130,14 @@ class Server:
                 continue
             metrics = scrape(metrics_url) if metrics_url else self.scrape()
             calls = sum(r["calls"] for rep in reports for r in rep["forward"])
-            if calls and calls == sum(v for (name, _), v in metrics.items()
-                                      if name == "fxflops_forward_calls_total"):
+            agree = calls and calls == sum(v for (name, _), v in metrics.items()
+                                           if name == "fxflops_forward_calls_total")
+            if agree and metrics == before:
                 return metrics, reports
-        raise AssertionError("metrics never matched the report: " + self.tail())
+            before = metrics if agree else None
+        changing = sorted(k for k in (metrics or {}) if before and before.get(k) != metrics[k])
+        raise AssertionError(f"metrics never matched the report (changing: {changing[:5]}): "
+                             + self.tail())
 
     def stop(self) -> None:
         if self.proc.poll() is None:

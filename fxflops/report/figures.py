@@ -156,7 +156,11 @@ def size_order(size: Any) -> tuple[Any, ...]:
 
 
 def sorted_rows(rows: Any) -> list[SizeStats]:
-    return sorted(rows, key=lambda r: size_order(r.size))
+    """The rows with a call made, by size. A row is made as its first call starts (a
+    whole forward's at the step's start) and counts the call as it ends: one whose first
+    call is still running has nothing to report yet, and the Prometheus counters, which
+    skip it too, agree with the report written at the same flush."""
+    return sorted((r for r in rows if r.count), key=lambda r: size_order(r.size))
 
 
 def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
