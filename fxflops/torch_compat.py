@@ -93,6 +93,18 @@ PRIVATES: dict[str, Private] = {
 }
 
 
+def dynamo_calls(obj: Any, fn: Any) -> None:
+    """Have Dynamo call ``fn`` where a backend returned ``obj``: ``innermost_fn``, which
+    Dynamo applies before it wraps a backend's result in its disable wrapper, follows
+    ``_torchdynamo_orig_callable`` where ``_torchdynamo_wrapper_id`` is the object's id
+    (the id check is 2.13's; a release that follows the first alone works too). ``obj``
+    stays what the backend returns (a ``SerializableCallable`` for torch's AOT compile).
+    Checked against the installed torch by tests/test_timing.py
+    (``test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules``)."""
+    obj._torchdynamo_orig_callable = fn
+    obj._torchdynamo_wrapper_id = id(obj)
+
+
 def get(key: str) -> Any:
     """The private torch object of ``key`` (see ``PRIVATES``). Raises ``AttributeError``
     naming the entry and the releases it was checked against if this torch moved it."""

@@ -469,8 +469,8 @@ _HOST = textwrap.dedent("""
     f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"), dynamic=True)
     for n in (2, 3, 2):
         f(torch.randn(n))
-    print("ready", flush=True)
-    try:
+    try:  # (entered first: the signal may come as soon as "ready" is out)
+        print("ready", flush=True)
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:

@@ -313,6 +313,55 @@ def test_a_graph_that_gives_up_is_reported_with_its_calls(monkeypatch):
     assert entry["calls"] == 3
 
 
+def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch):
+    """Through torch.compile, Dynamo calls a graph's hot function (a plain function: no
+    slot call, no instance reads), not the object the backend returned: the object's own
+    ``__call__`` is never reached at a known size. The function keeps the object's rules:
+    a warm-up phase's calls go to that phase's rows; once the graph gave up, every call
+    (at a known size too) is counted as uninstrumented, none timed."""
+    from fxflops import torch_compat
+
+    made: list = []
+
+    def capture(gm, example_inputs):
+        made.append(fxflops.backend(inner="eager")(gm, example_inputs))
+        return made[-1]
+
+    compiled = torch.compile(lambda x: x * 2, backend=capture, dynamic=True)
+    for n in (3, 4):
+        compiled(torch.randn(n))
+    (graph,) = made
+    assert callable(graph.hot) and type(graph.hot).__name__ == "function"
+    unwrap = torch_compat.get("innermost_fn")
+    assert unwrap(graph) is graph.hot  # what Dynamo's disable wrapper calls
+
+    def object_path(self, *args):
+        raise AssertionError("the object was called at a known size")
+
+    with monkeypatch.context() as m:
+        m.setattr(wrap.InstrumentedGraph, "__call__", object_path)
+        for n in (3, 3, 4):
+            assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    record = graph.record
+    assert {r.size: r.count for r in record.rows.values()} == {3: 3, 4: 2}
+    with phases.warmup("warmup"):
+        compiled(torch.ones(3))
+    assert {r.size: r.count for r in record.warmup["warmup"].values()} == {3: 1}
+    compiled(torch.ones(3))
+    assert {r.size: r.count for r in record.rows.values()} == {3: 4, 4: 2}
+
+    def broken(raw_key):
+        raise RuntimeError("row exploded")
+
+    monkeypatch.setattr(record, "new_row", broken)
+    compiled(torch.ones(5))  # a new size: the graph gives up
+    for n in (3, 4):
+        assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    assert {r.size: r.count for r in record.rows.values()} == {3: 4, 4: 2}
+    (entry,) = fxflops.recorder().to_dict()["uninstrumented"]
+    assert entry["calls"] == 3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_cuda_events_time_a_matmul():

@@ -239,6 +239,20 @@ class InstrumentedGraph(_Serializable):
                 _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
         elif special:
             self.__class__ = _SpecialGraph
+        # the CPU-clock path as a plain function (``hot_function``): what Dynamo calls in
+        # place of this object, and what AOTAutograd is given for a forward graph
+        self.hot: Callable[..., Any] | None = None
+        if type(self) in (InstrumentedGraph, _BoxedGraph):
+            self.hot = hot_function(self)
+            if dynamo:
+                torch_compat.dynamo_calls(self, self.hot)
+
+    def use_rows(self, rows: dict[Any, SizeStats]) -> None:
+        """Send calls to ``rows`` (a phase's: ``GraphRecord.read_by``), on every path."""
+        self._rows = rows
+        rebind = getattr(self, "_rebind_hot", None)
+        if rebind is not None:
+            rebind(rows)
 
     # --- the hot path -----------------------------------------------------------------
 
@@ -311,6 +325,9 @@ class InstrumentedGraph(_Serializable):
         reason = f"{type(error).__name__}: {error}"
         self.entry = recorder().register_uninstrumented(self.record.name, reason)
         self.__class__ = _UninstrumentedBoxedGraph if self.boxed else _UninstrumentedGraph
+        # no row is read again: every call (the hot function's too) takes this class's path
+        self.record.readers.discard(self)
+        self.use_rows({})
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s); it runs uninstrumented from now on, its calls counted", self.record.name,
                   reason)
@@ -350,6 +367,61 @@ class InstrumentedGraph(_Serializable):
         return wrap_graph(lambda: inner, name, meta, graph_plan=graph_plan)
 
 
+def hot_function(graph: InstrumentedGraph) -> Callable[..., Any]:
+    """The CPU-clock hot path of ``graph`` as a plain function, called in place of the
+    object (by Dynamo: ``torch_compat.dynamo_calls``; by AOTAutograd, boxed): a
+    closure reads its cells where the object's ``__call__`` pays a slot call and an
+    instance-dict read per attribute, about a third of the bookkeeping's instructions
+    (benchmarks/overhead.py). The bookkeeping is ``InstrumentedGraph.__call__``'s;
+    anything else (a new size, a graph that gave up) goes to the object, whose class says
+    what to do. ``graph.use_rows`` rebinds its rows."""
+    rows = graph._rows
+    key, run, now = graph._key, graph._run, _now
+
+    if graph.boxed:
+        def call(args: list[Any]) -> Any:
+            try:
+                row = rows[key(args)]
+            except Exception as e:
+                if getattr(e, _HOST, False):
+                    raise
+                return graph(args)
+            t0 = now()
+            out = run(args)
+            ns = now() - t0
+            n = row.count
+            row.window[n % row.cap] = ns
+            row.total_ns += ns
+            row.count = n + 1
+            return out
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+    else:
+        def call(*args: Any) -> Any:  # type: ignore[misc]
+            try:
+                row = rows[key(args)]
+            except Exception as e:  # a new size, or something no longer readable
+                if getattr(e, _HOST, False):
+                    raise
+                return graph(*args)
+            t0 = now()
+            out = run(*args)
+            ns = now() - t0
+            n = row.count
+            row.window[n % row.cap] = ns
+            row.total_ns += ns
+            row.count = n + 1
+            return out
+
+    def rebind(new_rows: dict[Any, SizeStats]) -> None:
+        nonlocal rows
+        rows = new_rows
+
+    graph._rebind_hot = rebind
+    call.__name__ = call.__qualname__ = graph.__name__
+    return call
+
+
 class _SpecialGraph(InstrumentedGraph):
     """An instrumented graph with run-time costs (vLLM attention) or on a GPU."""
 
@@ -386,7 +458,11 @@ class _BoxedGraph(InstrumentedGraph):
             return self._call_special(args)
         t0 = _now()
         out = self._run(args)
-        row.add(_now() - t0)
+        ns = _now() - t0
+        n = row.count  # SizeStats.add, inlined (see InstrumentedGraph.__call__)
+        row.window[n % row.cap] = ns
+        row.total_ns += ns
+        row.count = n + 1
         return out
 
 

@@ -111,16 +111,16 @@ class GraphRecord:
             return row
 
     def read_by(self, graph: Any) -> None:
-        """``graph`` reads the active rows on its hot path (as ``graph._rows``)."""
+        """``graph`` reads the active rows on its hot path (``graph.use_rows``)."""
         self.readers.add(graph)
-        graph._rows = self.active
+        graph.use_rows(self.active)
 
     def enter_phase(self, phase: str) -> None:
         """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's)."""
         with self._lock:
             self.active = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
             for graph in list(self.readers):
-                graph._rows = self.active
+                graph.use_rows(self.active)
 
     def warmup_rows(self) -> dict[str, list[SizeStats]]:
         """A snapshot of each warm-up phase's rows."""
