@@ -1,0 +1,105 @@
+"""Instructions per call through ``torch.compile``: bare, the floor, fxflops (callgrind).
+
+    python benchmarks/overhead_instructions.py [--inner eager] [--calls 1000]
+
+Wall-clock figures of a microsecond drift with the machine (benchmarks/overhead.py); the
+instructions a call executes do not. This runs itself under ``valgrind --tool=callgrind``
+(about 5 minutes on 2 cores: torch's import and the compiles, instrumented), with a dump
+before each ``os.getloadavg()`` that separates the loops, and prints each variant's
+instructions per call: ``bare`` (the inner backend), ``floor`` (a backend that only calls
+the inner) and ``fxflops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+VARIANTS = ("bare", "floor", "fxflops", "bare")
+
+
+def measure(inner: str, calls: int) -> None:
+    """(Under callgrind.) The loops, one dump each."""
+    import torch
+
+    import fxflops
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from overhead import floor_backend
+
+    class Small(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x) * 2 + 1
+
+    torch.set_num_threads(1)
+    backends = {"bare": inner, "floor": floor_backend(inner),
+                "fxflops": fxflops.backend(inner=inner)}
+    fns = {name: torch.compile(Small(), backend=b, dynamic=True) for name, b in backends.items()}
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        for fn in fns.values():
+            for _ in range(50):
+                fn(x)
+        for name in VARIANTS:
+            os.getloadavg()  # a dump: what ran since
+            fn = fns[name]
+            for _ in range(calls):
+                fn(x)
+        os.getloadavg()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--inner", default="eager")
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.measure:
+        measure(args.inner, args.calls)
+        return 0
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("overhead_instructions: valgrind is not installed", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        # the interpreter itself (not a shell shim), so that valgrind follows it
+        subprocess.run([valgrind, "--tool=callgrind", "--dump-before=os_getloadavg",
+                        "--dump-instr=no", f"--callgrind-out-file={out}",
+                        os.path.realpath(sys.executable), os.path.abspath(__file__),
+                        "--measure", "--inner", args.inner, "--calls", str(args.calls)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=3600)
+        parts = sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+        totals = [int(re.search(r"^totals: (\d+)", open(f).read(), re.M).group(1))
+                  for f in parts]
+    loops = totals[1:1 + len(VARIANTS)]  # the first part is the import and the compiles
+    if len(loops) != len(VARIANTS):
+        print(f"overhead_instructions: {len(parts)} dumps, expected {len(VARIANTS) + 1}",
+              file=sys.stderr)
+        return 1
+    per_call = {}
+    for name, total in zip(VARIANTS, loops):
+        per_call.setdefault(name, []).append(total / args.calls)
+    bare = min(per_call["bare"])
+    print(f"instructions per call, inner {args.inner} (callgrind, {args.calls:,} calls each):")
+    for name, values in per_call.items():
+        value = min(values)
+        print(f"  {name:8} {value:10,.0f}  ({value - bare:+,.0f} over bare)")
+    print(f"  fxflops' own (over the floor): "
+          f"{min(per_call['fxflops']) - min(per_call['floor']):+,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
