@@ -216,6 +216,9 @@ class InstrumentedGraph(_Serializable):
         self.plan = graph_plan
         self.__name__ = self.__qualname__ = f"fxflops_{record.name}"
         self._timer = timer
+        # the CPU-clock path as a plain function (``hot_function``), and its rows' rebinder
+        self.hot: Callable[..., Any] | None = None
+        self._rebind_hot: Callable[[dict[Any, SizeStats]], None] | None = None
         record.read_by(self)  # sets self._rows: the rows its calls go to (of this phase)
         self._key = record.binder.key
         # run-time costs (vLLM attention): their costers exist from now on, wired by an
@@ -239,40 +242,30 @@ class InstrumentedGraph(_Serializable):
                 _BoxedGraph if self._passes is None else _BoxedBackwardGraph)
         elif special:
             self.__class__ = _SpecialGraph
-        # the CPU-clock path as a plain function (``hot_function``): what Dynamo calls in
-        # place of this object, and what AOTAutograd is given for a forward graph
-        self.hot: Callable[..., Any] | None = None
+        # the classes whose calls the hot function makes: what Dynamo calls in place of this
+        # object, what AOTAutograd is given for a forward graph, what ``__call__`` runs
         if type(self) in (InstrumentedGraph, _BoxedGraph):
-            self.hot = hot_function(self)
+            self.hot, self._rebind_hot = hot_function(self)
             if dynamo:
                 torch_compat.dynamo_calls(self, self.hot)
 
     def use_rows(self, rows: dict[Any, SizeStats]) -> None:
         """Send calls to ``rows`` (a phase's: ``GraphRecord.read_by``), on every path."""
         self._rows = rows
-        rebind = getattr(self, "_rebind_hot", None)
-        if rebind is not None:
-            rebind(rows)
+        if self._rebind_hot is not None:
+            self._rebind_hot(rows)
 
     # --- the hot path -----------------------------------------------------------------
 
     def __call__(self, *args: Any) -> Any:
-        try:
-            row = self._rows[self._key(args)]
-        except Exception as e:  # a new size (KeyError), or something no longer readable
-            if getattr(e, _HOST, False):
-                raise
-            return self._call_special(args)
-        t0 = _now()
-        out = self._run(*args)
-        ns = _now() - t0
-        # SizeStats.add, inlined: this is the whole per-call bookkeeping (the sample in
-        # place before the call is counted)
-        n = row.count
-        row.window[n % row.cap] = ns
-        row.total_ns += ns
-        row.count = n + 1
-        return out
+        """A caller that holds the object (vLLM's pieces, a loaded artifact): the hot
+        function, one frame down (Dynamo calls that function itself)."""
+        return self.hot(*args)  # type: ignore[misc]
+
+    def _on_miss(self, args: Sequence[Any]) -> Any:
+        """A call the hot function's rows do not serve (a new size, a key that cannot be
+        read): the special path; a graph that gave up counts it instead."""
+        return self._call_special(args)
 
     def _call_special(self, args: Sequence[Any]) -> Any:
         """First call at a size, run-time costs, a GPU: the one place sympy runs (once per
@@ -367,14 +360,17 @@ class InstrumentedGraph(_Serializable):
         return wrap_graph(lambda: inner, name, meta, graph_plan=graph_plan)
 
 
-def hot_function(graph: InstrumentedGraph) -> Callable[..., Any]:
+def hot_function(graph: InstrumentedGraph
+                 ) -> tuple[Callable[..., Any], Callable[[dict[Any, SizeStats]], None]]:
     """The CPU-clock hot path of ``graph`` as a plain function, called in place of the
     object (by Dynamo: ``torch_compat.dynamo_calls``; by AOTAutograd, boxed): a
     closure reads its cells where the object's ``__call__`` pays a slot call and an
     instance-dict read per attribute, about a third of the bookkeeping's instructions
-    (benchmarks/overhead.py). The bookkeeping is ``InstrumentedGraph.__call__``'s;
-    anything else (a new size, a graph that gave up) goes to the object, whose class says
-    what to do. ``graph.use_rows`` rebinds its rows."""
+    (benchmarks/overhead.py). Per call: the size key, one dict lookup, two clock reads,
+    ``SizeStats.add`` inlined (the sample in place before the call is counted). Anything
+    else (a new size, a graph that gave up) goes to the object's ``_on_miss``, whose
+    class says what to do. Returns the function and its rows' rebinder
+    (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, graph._run, _now
 
@@ -385,7 +381,7 @@ def hot_function(graph: InstrumentedGraph) -> Callable[..., Any]:
             except Exception as e:
                 if getattr(e, _HOST, False):
                     raise
-                return graph(args)
+                return graph._on_miss(args)
             t0 = now()
             out = run(args)
             ns = now() - t0
@@ -403,7 +399,7 @@ def hot_function(graph: InstrumentedGraph) -> Callable[..., Any]:
             except Exception as e:  # a new size, or something no longer readable
                 if getattr(e, _HOST, False):
                     raise
-                return graph(*args)
+                return graph._on_miss(args)
             t0 = now()
             out = run(*args)
             ns = now() - t0
@@ -417,9 +413,8 @@ def hot_function(graph: InstrumentedGraph) -> Callable[..., Any]:
         nonlocal rows
         rows = new_rows
 
-    graph._rebind_hot = rebind
     call.__name__ = call.__qualname__ = graph.__name__
-    return call
+    return call, rebind
 
 
 class _SpecialGraph(InstrumentedGraph):
@@ -439,31 +434,21 @@ class _UninstrumentedGraph(InstrumentedGraph):
         self.entry.calls += 1
         return self._run(*args)
 
+    def _on_miss(self, args: Sequence[Any]) -> Any:
+        return self(*args)
+
 
 class _BoxedGraph(InstrumentedGraph):
     """AOTAutograd's boxed calling convention (``torch._functorch``'s ``_boxed_call``): the
     arguments come as one list, which the inner callable may clear; the size is read
-    before it runs. (A forward or backward of a training step: milliseconds, so
-    ``SizeStats.add`` is called rather than inlined.)"""
+    before it runs. A forward's calls are the boxed hot function's (``hot_function``);
+    a backward's, which also notes its pass, take ``_BoxedBackwardGraph``'s own path."""
 
     boxed = True
     _boxed_call = True
 
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
-        try:
-            row = self._rows[self._key(args)]
-        except Exception as e:
-            if getattr(e, _HOST, False):
-                raise
-            return self._call_special(args)
-        t0 = _now()
-        out = self._run(args)
-        ns = _now() - t0
-        n = row.count  # SizeStats.add, inlined (see InstrumentedGraph.__call__)
-        row.window[n % row.cap] = ns
-        row.total_ns += ns
-        row.count = n + 1
-        return out
+        return self.hot(args)  # type: ignore[misc]
 
 
 class _BoxedBackwardGraph(_BoxedGraph):
@@ -495,6 +480,10 @@ class _UninstrumentedBoxedGraph(_BoxedGraph):
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
         self.entry.calls += 1
         return self._run(args)
+
+    def _on_miss(self, args: Sequence[Any]) -> Any:
+        # boxed: the list AOTAutograd passed, itself (its callee may clear it)
+        return self(args)  # type: ignore[arg-type]
 
 
 class CountedGraph(_Serializable):
