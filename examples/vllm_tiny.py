@@ -16,6 +16,9 @@ import tempfile
 # tiny configs of the families vLLM serves: hidden 256, 2 layers, 4 heads of 64
 ARCHS: dict[str, dict] = {
     "llama": {},
+    # a 64-token vocabulary: every token a model makes already appears in a 54-token prompt,
+    # so that n-gram speculative decoding finds drafts in the context
+    "llama_v64": {"vocab_size": 64},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
               "intermediate_size": 768, "num_key_value_heads": 1},
     # mixture of experts: 4 experts, 2 per token
@@ -100,6 +103,18 @@ def main() -> None:
                    help="instead of --prompts: one generate call per phase, with one prompt "
                         "per length (e.g. 16 160,160: one short request alone, then two long "
                         "ones decoding together)")
+    p.add_argument("--prefix-caching", action="store_true", help="vLLM's prefix caching")
+    p.add_argument("--chunk", type=int, default=None, metavar="N",
+                   help="max_num_batched_tokens: longer prompts are prefilled in chunks of N")
+    p.add_argument("--block-size", type=int, default=None, help="KV-cache block size")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--mfu-metrics", action="store_true",
+                   help="vLLM's own estimate of each step (--enable-mfu-metrics)")
+    p.add_argument("--ngram", type=int, default=0, metavar="K",
+                   help="speculative decoding by n-gram lookup, K draft tokens a step")
+    p.add_argument("--print-metrics", action="store_true",
+                   help="print vLLM's own estimate and spec-decode counters at the end "
+                        "(one 'vllm-metrics {json}' line)")
     args = p.parse_args()
     os.environ["FXFLOPS_OUT"] = os.path.abspath(args.out)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -116,12 +131,24 @@ def main() -> None:
     load_general_plugins()
 
     model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
+    extra: dict = {}
+    if args.prefix_caching:
+        extra["enable_prefix_caching"] = True
+    if args.chunk:
+        extra.update(enable_chunked_prefill=True, max_num_batched_tokens=args.chunk)
+    if args.block_size:
+        extra["block_size"] = args.block_size
+    if args.mfu_metrics:  # vLLM computes its estimate only where it logs stats
+        extra.update(enable_mfu_metrics=True, disable_log_stats=False)
+    if args.ngram:
+        extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
+                                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
-              pipeline_parallel_size=args.pp,
+              pipeline_parallel_size=args.pp, kv_cache_dtype=args.kv_cache_dtype,
               compilation_config={"mode": args.mode, "backend": args.backend,
                                   **({"debug_dump_path": args.dump} if args.dump else {})},
-              max_num_seqs=8, seed=0)
+              max_num_seqs=8, seed=0, **extra)
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, detokenize=False)
     if args.phases:
         for phase in args.phases:
@@ -130,11 +157,26 @@ def main() -> None:
                        for i, n in enumerate(lens)]
             outs = llm.generate(prompts, params)
             print("generated", [len(o.outputs[0].token_ids) for o in outs], "for prompts", lens)
+        if args.print_metrics:
+            print_metrics(llm)
         return
     prompts = [{"prompt_token_ids": list(range(10 + 7 * i, 10 + 7 * i + 12 + 5 * i))}
                for i in range(args.prompts)]
     outs = llm.generate(prompts, params)
     print("generated", [len(o.outputs[0].token_ids) for o in outs])
+    if args.print_metrics:
+        print_metrics(llm)
+
+
+def print_metrics(llm) -> None:
+    """vLLM's own counters of its estimate and of speculative decoding, summed over their
+    label sets (the engine's)."""
+    wanted = ("vllm:estimated_", "vllm:spec_decode_num_")
+    values: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith(wanted) and hasattr(m, "value"):
+            values[m.name] = values.get(m.name, 0) + m.value
+    print("vllm-metrics", json.dumps(values, sort_keys=True))
 
 
 if __name__ == "__main__":

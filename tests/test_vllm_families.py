@@ -22,6 +22,7 @@ contexts about 161-163, 8x longer and past the 64-token sliding windows):
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,20 +51,32 @@ def start_family(out: Path, arch: str, path: str) -> subprocess.Popen:
     # inside), without an Inductor compile per family
     cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
            "--tokens", str(TOKENS), "--phases", str(SHORT), f"{LONG},{LONG}",
-           "--cache", str(out / "cache"), "--backend", "eager"]
+           "--cache", str(out / "cache"), "--backend", "eager",
+           # vLLM's own estimate of each step, and its counters of it at the end
+           "--mfu-metrics", "--print-metrics"]
     pythonpath = os.pathsep.join(p for p in (str(PLUGIN), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "FXFLOPS": "1", "TEST_CPU_GEMM_PATH": path,
            "PYTHONPATH": pythonpath}
     return procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
 
 
-def finish_family(proc: subprocess.Popen, out: Path) -> dict:
+class Runs(dict):
+    """{(arch, kernel path): the run's graph}; ``engine[key]``: (the report's ``engine``
+    section, vLLM's own counters printed at the end of the run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: dict[tuple[str, str], tuple[dict, dict]] = {}
+
+
+def finish_family(proc: subprocess.Popen, out: Path) -> tuple[dict, dict, dict]:
     stdout, stderr = procs.finish(proc)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
     assert f"generated [{TOKENS}, {TOKENS}] for prompts [{LONG}, {LONG}]" in stdout
     (report,) = load_reports([out])
     (graph,) = report["graphs"]
-    return graph
+    (line,) = [x for x in stdout.splitlines() if x.startswith("vllm-metrics ")]
+    return graph, report.get("engine") or {}, json.loads(line.split(" ", 1)[1])
 
 
 def perf_model(arch: str):
@@ -138,14 +151,16 @@ def runs(tmp_path_factory) -> dict:
     pending = [(arch, path, tmp_path_factory.mktemp(f"{arch}-{path}")) for arch, path in RUNS
                if path != "sgl" or host_runs_sgl()]
     running: list[tuple[str, str, Path, subprocess.Popen]] = []
-    graphs = {}
+    graphs = Runs()
     try:
         while pending or running:
             while pending and len(running) < 2:
                 arch, path, out = pending.pop(0)
                 running.append((arch, path, out, start_family(out, arch, path)))
             arch, path, out, proc = running.pop(0)
-            graphs[arch, path] = finish_family(proc, out)
+            graph, engine, metrics = finish_family(proc, out)
+            graphs[arch, path] = graph
+            graphs.engine[arch, path] = engine, metrics
     finally:
         for *_, proc in running:
             proc.kill()
@@ -263,3 +278,37 @@ def test_prefill_agrees_with_vllm_perf_model_after_the_causal_adjustment(family)
     # perf.py: every query against the whole context, SHORT x SHORT pairs; causal: fewer
     causal = attention * (SHORT * (SHORT + 1) // 2) / (SHORT * SHORT)
     assert row["runtime_flops"] == pytest.approx(causal, rel=1e-6), arch
+
+
+def test_vllms_own_estimate_is_read_step_for_step(family, runs, request):
+    """With ``--enable-mfu-metrics`` the worker evaluates vLLM's ``ModelMetrics`` on each step
+    it runs: its FLOPs and written bytes add up to vLLM's own counters exactly (the
+    scheduler's, exported by another process). vLLM's read-bytes counter also counts steps
+    that scheduled no token (every weight read, nothing computed): it may exceed the
+    workers' by whole such steps, and by nothing else."""
+    from vllm.v1.metrics.perf import ExecutionContext
+
+    arch, _, perf = family
+    engine, counters = runs.engine[request.node.callspec.params["family"]]
+    estimate = engine["estimate"]
+    assert sum(r["flops"] for r in estimate) == counters["vllm:estimated_flops_per_gpu"], arch
+    assert sum(r["write_bytes"] for r in estimate) == \
+        counters["vllm:estimated_write_bytes_per_gpu"], arch
+    empty_step = perf.get_read_bytes(ExecutionContext())
+    extra = counters["vllm:estimated_read_bytes_per_gpu"] - sum(r["read_bytes"] for r in estimate)
+    assert empty_step > 0 and extra >= 0 and extra % empty_step == 0, (arch, extra, empty_step)
+
+
+def test_decode_agrees_with_vllms_estimate_and_the_lm_head_is_named(family, runs, request):
+    """The report's comparison: at every decode size, measured graph FLOPs within 1% of
+    vLLM's estimate with the LM head aside, the LM head named as the difference (it runs
+    outside the compiled graph)."""
+    arch, _, _ = family
+    engine, _ = runs.engine[request.node.callspec.params["family"]]
+    by_size = {r["size"]: r for r in engine["estimate_vs_measured"]}
+    for size in (1, 2):
+        row = by_size[size]
+        assert row["steps"] == row["estimate_steps"], (arch, size)
+        assert row["ratio"] == pytest.approx(1, rel=0.01), (arch, size, row)
+        named = {d["component"] for d in row["differs"]}
+        assert "lm_head" in named and "attention" not in named, (arch, size, row["differs"])

@@ -217,6 +217,9 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
             console.print("[yellow]" + escape(
                 f"{u['name']}: NOT INSTRUMENTED ({u['reason']}); {u['calls']} calls ran "
                 "uncounted"))
+    for rep in reports:
+        if rep.get("engine"):
+            _print_engine(console, rep["engine"], _place(rep) if len(reports) > 1 else "")
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")
@@ -244,6 +247,45 @@ def estimated_lines(reports: list[dict[str, Any]]) -> list[str]:
                 lines.append(f"{g['name']}: ESTIMATED: {len(layer_names)} layer(s) counted from "
                              f"their sizes, no formula counts {op}: {shown}")
     return lines
+
+
+def _print_engine(console: Console, engine: dict[str, Any], where: str) -> None:
+    """vLLM's own estimate beside the measured FLOPs, per forward size, and speculative
+    decoding's drafts (``fxflops.report.engine``)."""
+    from fxflops.report.engine import COMPONENTS, TOLERANCE
+
+    prefix = f"{where}: " if where else ""
+    compared = engine.get("estimate_vs_measured") or []
+    if compared:
+        table = Table(title=escape(
+            f"{prefix}measured graph FLOPs vs vLLM's own estimate (--enable-mfu-metrics), per "
+            f"step; ratio with the LM head aside, tolerance {100 * TOLERANCE:g}%"))
+        for c in ("size", "steps", "measured GFLOPs", "vLLM GFLOPs", "vLLM LM head",
+                  "ratio", "differs"):
+            table.add_column(c, justify="left" if c == "differs" else "right")
+        for r in compared:
+            measured = sum(r["measured"].get(k, 0) for k in COMPONENTS)
+            differs = ", ".join(
+                f"{d['component']} ({fmt_num(d['measured'] / 1e9)} vs "
+                f"{fmt_num(d['estimate'] / 1e9)})" for d in r["differs"]) or "-"
+            table.add_row(*map(escape, (
+                str(r["size"]), f"{r['steps']}/{r['estimate_steps']}",
+                fmt_num(measured / 1e9), fmt_num(r["estimate"]["total"] / 1e9),
+                fmt_num(r["estimate"].get("lm_head", 0) / 1e9),
+                "-" if r.get("ratio") is None else f"{r['ratio']:.4f}", differs)))
+        console.print(table)
+        named = {d["component"]: d["why"] for r in compared for d in r["differs"]}
+        for component, why in named.items():
+            console.print(escape(f"  {component}: {why}"))
+    spec = engine.get("spec_decode")
+    if spec:
+        rejected = spec.get("rejected_flops")
+        console.print(escape(
+            f"{prefix}speculative decoding: {spec['drafts']} drafts, {spec['proposed']} tokens "
+            f"proposed, {spec['accepted']} accepted "
+            f"({fmt_pct(spec.get('acceptance_rate'))}), {spec['rejected']} rejected"
+            + (f": about {fmt_num(rejected / 1e9)} GFLOPs of the target's spent on them"
+               if rejected is not None else "")))
 
 
 def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> None:

@@ -114,6 +114,7 @@ def samples(rec: Recorder) -> list[Sample]:
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):
             out.append(Sample("counter", f"fxflops_forward_{name}", f"fxflops: {text}",
                               labels, value))
+    out += _engine_samples(rec, where)
     for entry in list(rec.uninstrumented):
         out.append(Sample("counter", "fxflops_uninstrumented_calls",
                           "fxflops: calls of a graph fxflops could not instrument (the report "
@@ -124,6 +125,47 @@ def samples(rec: Recorder) -> list[Sample]:
         if peak.get(field):
             out.append(Sample("gauge", name, f"fxflops: {text}", where,
                               float(peak[field]) * unit))
+    return out
+
+
+def _engine_samples(rec: Recorder, where: tuple[tuple[str, str], ...]) -> list[Sample]:
+    """vLLM's own estimate of the steps (``--enable-mfu-metrics``), by component, and the
+    measured FLOPs over it (LM head aside); speculative decoding's drafts."""
+    out: list[Sample] = []
+    estimates = rec.engine.estimates_snapshot()
+    if estimates:
+        from fxflops.report.build import forward_figures_of
+        from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
+        from fxflops.report.figures import sorted_rows
+
+        parts = dict.fromkeys(COMPONENTS, 0)
+        for r in estimates:
+            for key, value in r.by_component.items():
+                parts[component_of(key)] += value
+        for component, value in parts.items():
+            out.append(Sample("counter", "fxflops_vllm_estimated_flops",
+                              "fxflops: vLLM's own estimate of the steps' FLOPs per GPU "
+                              "(--enable-mfu-metrics), by component", (("component", component),
+                                                                       *where), value))
+        out.append(Sample("counter", "fxflops_vllm_estimated_steps",
+                          "fxflops: steps vLLM estimated", where,
+                          sum(r.steps for r in estimates)))
+        figures = forward_figures_of(rec, process_peak(rec.info))
+        compared = estimate_comparison(rec, [figures(r) for r in
+                                             sorted_rows(rec.forwards_snapshot())])
+        if compared and compared[-1].get("ratio") is not None:
+            out.append(Sample("gauge", "fxflops_measured_over_vllm_estimate",
+                              "fxflops: measured graph FLOPs over vLLM's own estimate of the "
+                              "same steps, LM head aside (1: they agree)", where,
+                              float(compared[-1]["ratio"])))
+    spec = rec.engine.spec_decode
+    if spec.drafts:
+        for name, text, value in (
+                ("drafts", "requests' steps that carried drafts", spec.drafts),
+                ("proposed_tokens", "draft tokens proposed", spec.proposed),
+                ("accepted_tokens", "draft tokens accepted", spec.accepted)):
+            out.append(Sample("counter", f"fxflops_spec_decode_{name}",
+                              f"fxflops: speculative decoding: {text}", where, value))
     return out
 
 

@@ -18,18 +18,26 @@ def _no_window(layer: str | None) -> None:
     return None
 
 
+def _no_bytes(layer: str | None) -> None:
+    return None
+
+
 class RuntimeCoster:
     """A late-bound source of run-time counts of one kind. For "attention": ``counts(window)``
     gives the current call's (query, key) pairs and KV-cache context tokens with that
-    sliding window (None: none), and ``window_of(layer)`` a layer's window. Graphs hold the
-    object; an integration sets both whenever it loads, before or after the graphs were
-    compiled or deserialised."""
+    sliding window (None: none), ``window_of(layer)`` a layer's window, and
+    ``bytes_of(layer)`` the bytes a context token takes in the layer's cache where the
+    integration knows better than the graph (a quantised cache: the graph's K and V are in
+    the model's dtype; None: the graph's count stands). Graphs hold the object; an
+    integration sets them whenever it loads, before or after the graphs were compiled or
+    deserialised."""
 
-    __slots__ = ("counts", "window_of")
+    __slots__ = ("bytes_of", "counts", "window_of")
 
     def __init__(self) -> None:
         self.counts: Callable[[int | None], tuple[int, int] | None] = _no_counts
         self.window_of: Callable[[str | None], int | None] = _no_window
+        self.bytes_of: Callable[[str | None], int | None] = _no_bytes
 
 
 # by kind; process-wide (not the recorder's): an integration wires them once, and graphs
@@ -48,15 +56,17 @@ def coster(kind: str) -> RuntimeCoster:
 def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) -> None:
     """Add the current call's run-time FLOPs and bytes to ``row``: per group of layers that
     share a window, its FLOPs per pair times the call's pairs, and its bytes per context
-    token times the call's context tokens. The groups are made at the row's first call."""
+    token (its cache's, where the coster knows them) times the call's context tokens. The
+    groups are made at the row's first call."""
     groups = row.runtime_groups
     if groups is None:
         merged: dict[tuple[str, int | None], list[int]] = {}
         for kind, layer, flops, bytes_ in row.runtime_terms:
             key = (kind, costers[kind].window_of(layer))
+            cache_bytes = costers[kind].bytes_of(layer)
             acc = merged.setdefault(key, [0, 0])
             acc[0] += flops
-            acc[1] += bytes_
+            acc[1] += bytes_ if cache_bytes is None else cache_bytes
         groups = row.runtime_groups = [(costers[k], w, f, b) for (k, w), (f, b) in merged.items()]
     counted = False
     for coster, window, flops, bytes_ in groups:

@@ -21,6 +21,7 @@ from fxflops import config, placement, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
 from fxflops.recording import phases
+from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.phases import SERVING, phase
 from fxflops.recording.size_stats import SizeStats, size_label
 from fxflops.util import forget_warnings
@@ -192,6 +193,8 @@ class Recorder:
         # collectives outside the graphs (FSDP2's), by kind: [calls, bytes]
         self.collectives: dict[str, list[int]] = {}
         self.backward_passes = BackwardPasses()
+        # what a serving engine says of its steps (its own estimate, its drafts' acceptance)
+        self.engine = EngineStats()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.run_id = placement.run_id()
@@ -276,6 +279,7 @@ class Recorder:
             forwards.clear()
         self.collectives.clear()
         self.backward_passes.by_size.clear()
+        self.engine.clear()
         for entry in list(self.uninstrumented):
             entry.calls = 0
 

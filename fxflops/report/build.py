@@ -106,6 +106,18 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
     return summary
 
 
+def forward_figures_of(rec: Recorder, peak: dict[str, Any]
+                       ) -> Callable[[SizeStats], dict[str, Any]]:
+    """A whole-forward row's figures: its graphs' cost at its size, its padding."""
+    costs = forward_costs(rec)
+    flops_at = _general_flops(rec)
+
+    def forward_figures(r: SizeStats) -> dict[str, Any]:
+        return {**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
+
+    return forward_figures
+
+
 def build_report(rec: Recorder) -> dict[str, Any]:
     peak = process_peak(rec.info)
     records = rec.graphs_snapshot()
@@ -124,12 +136,7 @@ def build_report(rec: Recorder) -> dict[str, Any]:
                "rows": [graph_row(g, r) for r in sorted_rows(g.all_rows())],
                **_warmup(g.warmup_rows(), lambda r: row_figures(r, peak))}
               for g in records]
-    costs = forward_costs(rec)
-    flops_at = _general_flops(rec)
-
-    def forward_figures(r: SizeStats) -> dict[str, Any]:
-        return {**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
-
+    forward_figures = forward_figures_of(rec, peak)
     forward = [forward_figures(r) for r in sorted_rows(rec.forwards_snapshot())]
     import hashlib
 
@@ -146,6 +153,11 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     timing = sys.modules.get("fxflops.recording.cuda_events")
     if timing is not None:  # CUDA events: what is still in flight as this is written
         data["timing"] = timing.status()
+    from fxflops.report.engine import engine_section
+
+    engine = engine_section(rec, forward)
+    if engine is not None:  # what the serving engine says of its steps (vLLM's estimate)
+        data["engine"] = engine
     if rec.collectives:  # outside the graphs (FSDP2's): apart from the graphs' bytes
         data["collectives"] = {kind: {"calls": calls, "bytes": nbytes}
                                for kind, (calls, nbytes) in sorted(rec.collectives.items())}

@@ -222,6 +222,24 @@ def _check(obj: Any, where: str, required: dict[str, tuple[type, ...]],
                 raise ReportError(f"{where}: '{field}' {problem}")
 
 
+def _check_engine(engine: Any, where: str) -> None:
+    """The engine's own figures (``fxflops.report.engine``)."""
+    _check(engine, where, {}, {"estimate": (list,), "estimate_vs_measured": (list,),
+                               "spec_decode": (dict,)})
+    for i, r in enumerate(engine.get("estimate") or []):
+        _check(r, f"{where}.estimate[{i}]", {f: (int,) for f in (
+            "size", "steps", "flops", "read_bytes", "write_bytes")}, {"components": (dict,)})
+    for i, r in enumerate(engine.get("estimate_vs_measured") or []):
+        _check(r, f"{where}.estimate_vs_measured[{i}]",
+               {"size": (int, str), "steps": (int,), "estimate_steps": (int,),
+                "measured": (dict,), "estimate": (dict,), "differs": (list,)},
+               {"ratio": (float, int, type(None))})
+    if "spec_decode" in engine:
+        _check(engine["spec_decode"], f"{where}.spec_decode",
+               {f: (int,) for f in ("drafts", "proposed", "accepted", "rejected")},
+               {"acceptance_rate": (float, int), "rejected_flops": (int, type(None))})
+
+
 def validate(data: Any, where: str) -> None:
     """Types, values and required fields of a report, its graphs and rows; one line if
     wrong. What passes, the CLI can sum, divide, format and group without failing."""
@@ -231,7 +249,10 @@ def validate(data: Any, where: str) -> None:
         raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
            {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,),
-            "forward_warmup": (list,), "collectives": (dict,), "timing": (dict,)})
+            "forward_warmup": (list,), "collectives": (dict,), "timing": (dict,),
+            "engine": (dict,)})
+    if "engine" in data:
+        _check_engine(data["engine"], f"{where}: engine")
     if "timing" in data:
         _check(data["timing"], f"{where}: timing", {}, {k: (int,) for k in (
             "in_flight", "dropped", "replays", "captures_in_progress")})

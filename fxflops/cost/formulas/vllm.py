@@ -7,6 +7,7 @@ argument.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from math import prod
 from typing import Any, NamedTuple
 
@@ -160,19 +161,47 @@ def mla_costs(heads: int, nope: int, rope: int, v_dim: int, latent: int,
             (latent + rope) * element_size)
 
 
-def attention_costs(layer: Any, element_size: int) -> tuple[int, int] | None:
+def kv_cache_bytes_per_token(layer: Any, vllm_config: Any) -> int | None:
+    """Bytes one token's entry takes in ``layer``'s KV cache, as vLLM lays the cache out:
+    the layer's own KV-cache spec (``get_kv_cache_spec``), its page over its block size.
+    That is the cache's dtype (fp8 is half of bf16), with what a quantised mode packs beside
+    the values (per-token-head scales, TurboQuant's split K/V widths, fp8_ds_mla's entry) and
+    without a hybrid model's page padding. None where the layer has no spec to read."""
+    get_spec = getattr(layer, "get_kv_cache_spec", None)
+    if get_spec is None or vllm_config is None:
+        return None
+    try:
+        spec = get_spec(vllm_config)
+        page = getattr(spec, "real_page_size_bytes", None)
+        if page is None:
+            page = spec.page_size_bytes
+        per_token = Fraction(int(page), int(spec.block_size))
+    except Exception:  # a layer without a cache of its own (encoder), or a spec we cannot read
+        return None
+    # (a fraction: states pooled over tokens, an encoder's; the caller's per-value count)
+    return int(per_token) if per_token.denominator == 1 else None
+
+
+def attention_costs(layer: Any, element_size: int,
+                    vllm_config: Any = None) -> tuple[int, int] | None:
     """(FLOPs per pair, KV-cache bytes per context token) of a vLLM attention layer, read
-    off the layer (None: not an attention layer)."""
+    off the layer (None: not an attention layer). The bytes are the cache's (its dtype and
+    packing, ``kv_cache_bytes_per_token``) where ``vllm_config`` lets the layer say them,
+    else ``element_size`` bytes a value."""
     heads = getattr(layer, "num_heads", None)
     if heads is None or not hasattr(layer, "impl"):
         return None
     if hasattr(layer, "kv_lora_rank"):  # MLA
-        return mla_costs(int(heads), int(layer.qk_nope_head_dim), int(layer.qk_rope_head_dim),
-                         int(layer.v_head_dim), int(layer.kv_lora_rank), element_size)
-    d = int(layer.head_size)
-    dv = int(getattr(layer, "head_size_v", None) or d)
-    return (attention_flops_per_pair(int(heads), d, dv),
-            kv_bytes_per_token(int(layer.num_kv_heads), d, dv, element_size))
+        per_pair, per_token = mla_costs(
+            int(heads), int(layer.qk_nope_head_dim), int(layer.qk_rope_head_dim),
+            int(layer.v_head_dim), int(layer.kv_lora_rank), element_size)
+    else:
+        d = int(layer.head_size)
+        dv = int(getattr(layer, "head_size_v", None) or d)
+        per_pair = attention_flops_per_pair(int(heads), d, dv)
+        per_token = kv_bytes_per_token(int(layer.num_kv_heads), d, dv, element_size)
+    cache = kv_cache_bytes_per_token(layer, vllm_config)
+    return per_pair, (per_token if cache is None else cache)
 
 
 @register_formula(["vllm::unified_attention_with_output", "vllm::unified_attention"],

@@ -99,6 +99,18 @@ def layer_window(layer: str | None) -> int | None:
     return int(window) if window else None
 
 
+def layer_cache_bytes(layer: str | None) -> int | None:
+    """Bytes a context token of ``layer`` takes in its KV cache (the cache's dtype and
+    packing), from the layer of the current step's runner; None: not known here (the
+    graph's own count, in the model's dtype, stands)."""
+    from fxflops.cost.formulas.vllm import kv_cache_bytes_per_token
+
+    layers = getattr(_state, "layers", None)
+    if layer is None or layers is None:
+        return None
+    return kv_cache_bytes_per_token(layers.get(layer), getattr(_state, "config", None))
+
+
 def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
     """("attention", layer name, FLOPs per pair, KV bytes per context token) of every
     attention layer of this rank, read off the layers themselves (whole-forward rows:
@@ -111,7 +123,7 @@ def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
     elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
     terms: list[tuple[str, str | None, int, int]] = []
     for name, layer in layers.items():
-        costs = attention_costs(layer, elem)
+        costs = attention_costs(layer, elem, runner.vllm_config)
         if costs is not None:
             terms.append(("attention", name, *costs))
     return terms
@@ -121,6 +133,7 @@ def install_attention_coster() -> None:
     attention = coster("attention")
     attention.counts = current_counts
     attention.window_of = layer_window
+    attention.bytes_of = layer_cache_bytes
 
 
 # --- one step ---------------------------------------------------------------------------
@@ -138,8 +151,13 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     attention nodes until ``end_step``."""
     _state.lengths, _state.counts = (query_lens, context_lens), {}
     _state.layers = runner.vllm_config.compilation_config.static_forward_context
+    _state.config = runner.vllm_config
     _state.replays = _replays()
     row = recorder().forward_row(tokens)
+    if getattr(runner, "_fxflops_perf", False) is not None:  # (None: vLLM's estimate is off)
+        from fxflops.integrations.vllm.engine_stats import estimate_step
+
+        estimate_step(runner, query_lens, context_lens)
     # the tokens the scheduler gave this step: the padding is the rest (padding waste)
     row.note_scheduled(int(query_lens.sum()))
     if not row.runtime_terms:
@@ -156,7 +174,7 @@ def forward_done(row: Any) -> None:
 
 
 def end_step() -> None:
-    _state.counts = _state.lengths = _state.layers = None
+    _state.counts = _state.lengths = _state.layers = _state.config = None
 
 
 class _CpuClock:

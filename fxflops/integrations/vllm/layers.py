@@ -95,18 +95,21 @@ def census_of_models() -> list[dict[str, LayerSpec]]:
 
 def census_of(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, LayerSpec]:
     """{module path: spec} of every layer of ``model`` fxflops can describe. ``dtype``: of
-    the KV cache entries (the model's dtype by default, as vLLM allocates them)."""
+    the values in an attention layer's KV cache where its own spec cannot say (the model's
+    dtype by default, which is vLLM's "auto")."""
+    config = _model_config(model)
     if dtype is None:
-        dtype = _model_dtype(model)
+        dtype = _model_dtype(config)
     out: dict[str, LayerSpec] = {}
     for path, module in model.named_modules():
-        spec = layer_spec(module, dtype)
+        spec = layer_spec(module, dtype, config)
         if spec is not None:
             out[path] = spec
     return out
 
 
-def layer_spec(module: torch.nn.Module, dtype: torch.dtype) -> LayerSpec | None:
+def layer_spec(module: torch.nn.Module, dtype: torch.dtype,
+               vllm_config: Any = None) -> LayerSpec | None:
     """The spec of one vLLM layer, or None for anything else (read by duck typing: the
     attribute names are vLLM's, their classes move between releases)."""
     name = type_name(type(module))
@@ -119,7 +122,7 @@ def layer_spec(module: torch.nn.Module, dtype: torch.dtype) -> LayerSpec | None:
         return LayerSpec("moe", name, hidden=dims.hidden, intermediate=dims.intermediate,
                          top_k=dims.top_k, experts=dims.local_experts,
                          global_experts=dims.global_experts, gated=dims.gated)
-    costs = attention_costs(module, torch.empty((), dtype=dtype).element_size())
+    costs = attention_costs(module, torch.empty((), dtype=dtype).element_size(), vllm_config)
     if costs is not None:
         per_pair, per_token = costs
         return LayerSpec("attention", name, flops_per_pair=per_pair,
@@ -141,20 +144,23 @@ def _is_moe(module: torch.nn.Module) -> bool:
         hasattr(module, "top_k") and hasattr(module, "intermediate_size_per_partition"))
 
 
-def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+def _model_config(model: torch.nn.Module) -> Any:
+    """The vLLM config a model was built with (None: none to be found)."""
     config = getattr(model, "vllm_config", None)
-    dtype = getattr(getattr(config, "model_config", None), "dtype", None)
-    if isinstance(dtype, torch.dtype):
-        return dtype
+    if getattr(config, "model_config", None) is not None:
+        return config
     try:
         from vllm.config import get_current_vllm_config
 
-        dtype = get_current_vllm_config().model_config.dtype
-        if isinstance(dtype, torch.dtype):
-            return dtype
+        config = get_current_vllm_config()
     except Exception:
-        pass
-    return torch.get_default_dtype()
+        return None
+    return config if getattr(config, "model_config", None) is not None else None
+
+
+def _model_dtype(config: Any) -> torch.dtype:
+    dtype = getattr(getattr(config, "model_config", None), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()
 
 
 def install_census() -> Any:

@@ -44,7 +44,7 @@ def register() -> None:
 
 def install() -> None:
     """Instrument everything vLLM compiles in this process (idempotent)."""
-    from fxflops.integrations.vllm import forward, hooks
+    from fxflops.integrations.vllm import engine_stats, forward, hooks
 
     if "hooks" in _installed:
         return
@@ -55,6 +55,7 @@ def install() -> None:
     hooks.install_flush_at_shutdown()
     forward.install_forward_timing()
     forward.install_attention_coster()
+    engine_stats.install_engine_stats()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
     if config.KERNELS.get() is not None:

