@@ -35,7 +35,7 @@ def _perf_model(runner: Any) -> Any:
         return model
     model = None
     config = runner.vllm_config
-    if getattr(config.observability_config, "enable_mfu_metrics", False):
+    if getattr(getattr(config, "observability_config", None), "enable_mfu_metrics", False):
         try:
             from vllm.v1.metrics.perf import ModelMetrics
 

@@ -233,8 +233,8 @@ def uncompiled_model(runner: Any) -> Any:
     # this worker's ranks, before anything is written (a compile notes them too, where
     # there is one)
     note_vllm_config(runner.vllm_config)
-    compilation = runner.vllm_config.compilation_config
-    if int(getattr(compilation, "mode", 0) or 0) == 0:
+    compilation = getattr(runner.vllm_config, "compilation_config", None)
+    if compilation is not None and int(getattr(compilation, "mode", 0) or 0) == 0:
         why = "vLLM compiled no graph of it (compilation mode NONE"
         if getattr(runner.vllm_config, "lora_config", None) is not None:
             why += ": LoRA on this platform"
