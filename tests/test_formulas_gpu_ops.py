@@ -187,4 +187,3 @@ def test_gpu_moe_forward_equals_perf_routed_and_shared_ffn(tokens, shared):
     activations = 2 * tokens * hidden + 2 * tokens * experts + 2 * tokens * hidden * (
         2 if shared else 1)
     assert cost.bytes_io == reached * expert_bytes + activations
-

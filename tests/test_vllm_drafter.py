@@ -105,3 +105,57 @@ def test_the_targets_forward_counts_its_own_attention_layers_only():
     row = forward.begin_step(runner, 1, np.array([1]), np.array([9]))
     forward.end_step()
     assert row.runtime_flops == 2 * 10 * (2 * HEADS * HEAD * 2)  # 2 layers, 10 pairs
+
+
+def test_mode3_pieces_of_a_drafter_are_its_own(monkeypatch, tmp_path):
+    """Mode 3: vLLM's compiler manager of a drafter's backend carries the drafter's model
+    tag as its prefix (``VllmBackend``: ``prefix or model_tag``); its pieces are the
+    drafter's (``draft:``, ``workload: draft``), out of the target's forward. Driven
+    through vLLM's own ``CompilerManager`` with a real Dynamo graph, as
+    tests/test_vllm_inprocess.py drives the target's."""
+    monkeypatch.setenv("FXFLOPS", "1")
+    from vllm.compilation.backends import CompilerManager
+    from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.utils import Range
+
+    from fxflops.integrations.vllm import plugin
+    from fxflops.report.figures import forward_costs
+    from tests.test_vllm_symbols import compiler_manager_kwargs
+
+    plugin.install()
+    captured = {}
+
+    def grab(gm, example_inputs):
+        captured["gm"], captured["ex"] = gm, example_inputs
+        return gm.forward
+
+    w = torch.randn(16, 8)
+    torch.compile(lambda x, w: x @ w, backend=grab)(torch.randn(4, 16), w)
+    cc = CompilationConfig(mode=3, backend="eager")
+    with set_current_vllm_config(VllmConfig(compilation_config=cc)):
+        for prefix in ("backbone", "eagle_head"):
+            manager = CompilerManager(cc, **compiler_manager_kwargs())
+            manager.initialize_cache(str(tmp_path / prefix), disable_cache=True, prefix=prefix)
+            fn = manager.compile(captured["gm"], captured["ex"], {}, cc, Range(start=4, end=4),
+                                 graph_index=0, num_graphs=1)
+            fn(torch.randn(4, 16), w)
+    graphs = {g.name: g for g in fxflops.recorder().graphs_snapshot()}
+    assert sorted(graphs) == ["draft:piece0of1:size4", "piece0of1:size4"], sorted(graphs)
+    assert graphs["draft:piece0of1:size4"].meta["workload"] == "draft"
+    (cost,) = forward_costs(fxflops.recorder()).values()
+    assert cost.matmul_flops == 2 * 4 * 16 * 8  # the target's piece alone
+
+
+def test_every_drafter_tag_vllm_sets_is_known():
+    """The model tags vLLM's speculative decoders build their drafters under, read from the
+    installed vLLM's own sources: fxflops knows each as a drafter's (a new one would
+    otherwise be counted as the target's)."""
+    import re
+    from pathlib import Path
+
+    from fxflops.integrations.vllm.hooks import DRAFT_TAGS
+
+    root = Path(vllm.__file__).parent
+    files = [*root.glob("v1/spec_decode/**/*.py"), *root.glob("v1/worker/gpu/spec_decode/**/*.py")]
+    tags = {m for f in files for m in re.findall(r'set_model_tag\("(\w+)"', f.read_text())}
+    assert tags and tags <= DRAFT_TAGS, sorted(tags - DRAFT_TAGS)

@@ -32,7 +32,8 @@ VALUE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, 
 def config_with_cache(cache_dtype: str):
     from vllm.engine.arg_utils import EngineArgs
 
-    sys.path.insert(0, str(ROOT / "examples"))
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))
     import vllm_tiny
 
     path = vllm_tiny.tiny_llama(os.path.join(tempfile.gettempdir(), "fxflops-tiny-llama"))

@@ -21,7 +21,6 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 
-
 @pytest.mark.parametrize("ep", [False, True], ids=["dp", "dp+ep"])
 @pytest.mark.parametrize("counts", [(5, 7), (5, 0), (3, 3, 4, 9)])
 def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts, ep,
@@ -84,10 +83,11 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
     row.runtime_terms = [(node.runtime, node.runtime_layer, node.runtime_coeff,
                           node.runtime_bytes)]
     forward.install_attention_coster()
+    fxflops.recorder().register("moe{index}", cost)  # the forward's graph
     runner = SimpleNamespace(vllm_config=cfg, model_config=SimpleNamespace(dtype=torch.bfloat16))
     with set_forward_context(None, cfg, num_tokens=own,
                              num_tokens_across_dp=torch.tensor(counts, dtype=torch.int32)):
-        forward.begin_step(runner, own, np.array([own]), np.array([0]))
+        forward_row = forward.begin_step(runner, own, np.array([own]), np.array([0]))
         try:
             charge_runtime(row)
         finally:
@@ -95,6 +95,8 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
     gathered = sum(counts)
     this_rank = cost.matmul_flops + row.runtime_flops
     assert this_rank == gathered * per_token
+    # the whole forward's row counts the other ranks' tokens too, apart from attention
+    assert forward_row.runtime_by_kind == {"dp_tokens": (gathered - own) * per_token}
     ffn = FfnMetrics(num_hidden_layers=1, hidden_size=hidden, activation_byte_size=2,
                      pp_size=1, ffn_tp_size=1 if ep else dp, ffn_ep_size=dp if ep else 1,
                      intermediate_size=inter,
@@ -107,19 +109,36 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
 
 
 def test_gpu_moe_forward_without_data_parallelism_adds_nothing_at_run_time():
-    """DP = 1: no DP metadata in the forward context, nothing added to the static count."""
+    """DP = 1: vLLM's forward context holds no DP metadata (``set_forward_context`` makes
+    none), the MoE op is a static node (no per-call charge), nothing is added."""
     from types import SimpleNamespace
 
     import numpy as np
-    from vllm.config import VllmConfig
+    import vllm.model_executor.layers.fused_moe.layer  # noqa: F401 (registers vllm::moe_forward)
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 
     from fxflops.integrations.vllm import forward
 
+    cfg = VllmConfig()
+    cfg.parallel_config.is_moe_model = True
+    name = "model.layers.0.mlp.experts"
+    with set_current_vllm_config(cfg), torch.device("meta"):
+        FusedMoEFactory(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32,
+                        params_dtype=torch.bfloat16, tp_size=1, dp_size=1, pcp_size=1,
+                        prefix=name)
+    with set_current_vllm_config(cfg), FakeTensorMode():
+        x = torch.empty(3, 64, dtype=torch.bfloat16)
+        cost = fxflops.analyze(graph_of(torch.ops.vllm.moe_forward.default,
+                                        [x, torch.empty(3, 8, dtype=torch.bfloat16), None, None,
+                                         name, 64], torch.empty_like(x)))
+    assert cost.runtime_nodes == [] and cost.matmul_flops == 2 * 3 * 2 * 3 * 64 * 32
     forward.install_attention_coster()
-    runner = SimpleNamespace(vllm_config=VllmConfig(),
-                             model_config=SimpleNamespace(dtype=torch.bfloat16))
-    forward.begin_step(runner, 3, np.array([3]), np.array([0]))
-    try:
-        assert forward.other_ranks_tokens() is None
-    finally:
-        forward.end_step()
+    runner = SimpleNamespace(vllm_config=cfg, model_config=SimpleNamespace(dtype=torch.bfloat16))
+    with set_forward_context(None, cfg, num_tokens=3):
+        forward.begin_step(runner, 3, np.array([3]), np.array([0]))
+        try:
+            assert forward.other_ranks_tokens() is None
+        finally:
+            forward.end_step()

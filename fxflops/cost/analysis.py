@@ -60,6 +60,10 @@ _AUTO_FUNCTIONALIZED = {
 }
 
 
+def _is_zero(count: Any) -> bool:
+    return isinstance(count, int) and count == 0
+
+
 class _OpTally:
     """What the ops of one node add up to."""
 
@@ -90,7 +94,9 @@ class _OpTally:
                 return
             if formula.runtime:
                 cost = flops if isinstance(flops, RuntimeCost) else RuntimeCost(flops)
-                self.runtime, self.runtime_cost = formula.runtime, cost
+                if not _is_zero(cost.flops_per_pair) or not _is_zero(cost.bytes_per_context_token):
+                    # (nothing to add at run time: a static node, off the per-call path)
+                    self.runtime, self.runtime_cost = formula.runtime, cost
                 if cost.static_flops:
                     self.flops.append(cost.static_flops)
                     if formula.kind == "matmul":

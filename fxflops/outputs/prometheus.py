@@ -29,6 +29,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
+from fxflops.report.build import forward_figures_of
+from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
+from fxflops.report.figures import sorted_rows
 from fxflops.report.peaks import process_peak
 from fxflops.util import stop_signals_blocked, warn_once
 
@@ -114,7 +117,11 @@ def samples(rec: Recorder) -> list[Sample]:
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):
             out.append(Sample("counter", f"fxflops_forward_{name}", f"fxflops: {text}",
                               labels, value))
-    out += _engine_samples(rec, where)
+    try:  # (vLLM's figures beside ours: never at the cost of the rest of the samples)
+        out += _engine_samples(rec, where)
+    except Exception as e:
+        warn_once("prometheus-engine", "fxflops: vLLM's estimate left out of the metrics "
+                  "(%s: %s)", type(e).__name__, e)
     for entry in list(rec.uninstrumented):
         out.append(Sample("counter", "fxflops_uninstrumented_calls",
                           "fxflops: calls of a graph fxflops could not instrument (the report "
@@ -134,10 +141,6 @@ def _engine_samples(rec: Recorder, where: tuple[tuple[str, str], ...]) -> list[S
     out: list[Sample] = []
     estimates = rec.engine.estimates_snapshot()
     if estimates:
-        from fxflops.report.build import forward_figures_of
-        from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
-        from fxflops.report.figures import sorted_rows
-
         parts = dict.fromkeys(COMPONENTS, 0)
         for r in estimates:
             for key, value in r.by_component.items():

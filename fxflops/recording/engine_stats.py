@@ -10,22 +10,26 @@ import threading
 
 
 class EstimateRow:
-    """An engine's own estimate of the steps of one scheduled size: steps, FLOPs, bytes read
-    and written, and FLOPs by the engine's components (its names)."""
+    """An engine's own estimate of the steps of one forward size (the forward row's: padded
+    where the engine pads): steps, tokens scheduled, FLOPs, bytes read and written, and
+    FLOPs by the engine's components (its names)."""
 
-    __slots__ = ("by_component", "flops", "read_bytes", "size", "steps", "write_bytes")
+    __slots__ = ("by_component", "flops", "read_bytes", "scheduled_tokens", "size", "steps",
+                 "write_bytes")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.steps = 0
+        self.scheduled_tokens = 0
         self.flops = 0
         self.read_bytes = 0
         self.write_bytes = 0
         self.by_component: dict[str, int] = {}
 
-    def add(self, flops: int, read_bytes: int, write_bytes: int,
+    def add(self, scheduled_tokens: int, flops: int, read_bytes: int, write_bytes: int,
             by_component: dict[str, int]) -> None:
         self.steps += 1
+        self.scheduled_tokens += scheduled_tokens
         self.flops += flops
         self.read_bytes += read_bytes
         self.write_bytes += write_bytes

@@ -67,14 +67,18 @@ def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) 
             acc = merged.setdefault(key, [0, 0])
             acc[0] += flops
             acc[1] += bytes_ if cache_bytes is None else cache_bytes
-        groups = row.runtime_groups = [(costers[k], w, f, b) for (k, w), (f, b) in merged.items()]
+        groups = row.runtime_groups = [(costers[k], w, f, b, k)
+                                       for (k, w), (f, b) in merged.items()]
     counted = False
-    for coster, window, flops, bytes_ in groups:
+    by_kind = row.runtime_by_kind
+    for coster, window, flops, bytes_, kind in groups:
         got = coster.counts(window)
         if got is not None:
             row.runtime_flops += flops * got[0]
             row.runtime_bytes += bytes_ * got[1]
             counted = True
+            if by_kind is not None:
+                by_kind[kind] = by_kind.get(kind, 0) + flops * got[0]
     if counted:
         row.runtime_calls += 1
 

@@ -21,7 +21,8 @@ class SizeStats:
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
-                 "runtime_groups", "scheduled", "captured", "kernel_profile", "__weakref__")
+                 "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
+                 "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -48,7 +49,10 @@ class SizeStats:
         # (kind, layer, FLOPs per pair, bytes per context token) of the run-time-costed ops
         # at this size; grouped by sliding window at the first call (recording.charge_runtime)
         self.runtime_terms: list[tuple[str, str | None, int, int]] = []
-        self.runtime_groups: list[tuple[Any, int | None, int, int]] | None = None
+        self.runtime_groups: list[tuple[Any, int | None, int, int, str]] | None = None
+        # whole forwards only: ``runtime_flops`` by kind (attention; a MoE's tokens from
+        # other data-parallel ranks), which the report sets beside vLLM's components
+        self.runtime_by_kind: dict[str, int] | None = None
         # whole forwards only: the tokens scheduled, per count of them, before the runner
         # padded them to this row's size (vLLM under CUDA graphs); see note_scheduled
         self.scheduled: dict[int, int] | None = None

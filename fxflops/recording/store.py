@@ -69,6 +69,10 @@ class GraphRecord:
                                for n in cost.runtime_nodes if n.runtime]
         self.runtime_kinds = tuple(sorted({t[0] for t in self._runtime_terms}))
 
+    def runtime_terms(self) -> list[tuple[str, str | None, Any, Any]]:
+        """(kind, layer, per-unit FLOPs, per-unit bytes) of each run-time-costed node."""
+        return list(self._runtime_terms)
+
     @property
     def dropped_sizes(self) -> int:
         """Distinct sizes whose calls went to the overflow row (a lower bound past

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from fxflops.cost.graph_cost import Count, Rollup
 from fxflops.placement import placement
 from fxflops.recording.size_stats import SizeStats
+from fxflops.report.engine import engine_section
 from fxflops.report.figures import (
     forward_cost,
     forward_costs,
+    forward_graphs,
     kernel_figures,
     padding_figures,
     row_figures,
@@ -65,7 +67,7 @@ def _general_flops(rec: Recorder) -> Callable[[int], int | None]:
     """FLOPs of one forward at ``n`` tokens by the general graphs (those with size symbols,
     every symbol bound to ``n``: vLLM's token count); None without such graphs."""
     records = rec.graphs_snapshot()
-    general = [g.cost for g in records if g.cost.symbols]
+    general = [g.cost for g in forward_graphs(rec) if g.cost.symbols]
     graphs, cache = _FLOPS_AT.get(rec, (0, {}))  # kept across flushes while no graph is added
     if graphs != len(records):
         cache = {}
@@ -153,8 +155,6 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     timing = sys.modules.get("fxflops.recording.cuda_events")
     if timing is not None:  # CUDA events: what is still in flight as this is written
         data["timing"] = timing.status()
-    from fxflops.report.engine import engine_section
-
     engine = engine_section(rec, forward)
     if engine is not None:  # what the serving engine says of its steps (vLLM's estimate)
         data["engine"] = engine

@@ -3,14 +3,16 @@
 component; speculative decoding's drafts, acceptances and the target FLOPs the rejected
 drafts cost.
 
-The estimate is per scheduled size, the measured rows per forward size (padded up to a
-CUDA-graph size on a GPU): a forward row is compared with the estimate rows of the sizes it
-served (``scheduled``), per step. vLLM's keys are grouped into what fxflops can tell apart
-in a graph:
+The estimate is kept per forward size (the worker evaluates it on the step it runs, beside
+the forward's row), so each forward row has its own, step for step; a forward padded up to
+a CUDA-graph size shows the padded tokens' share as ``padding``. vLLM's keys are grouped
+into what fxflops can tell apart in a graph:
 
 - ``attention``: the two products over (query, key) pairs (``*.attn_qk``, ``*.attn_av``),
   which fxflops counts at run time from the real lengths, causally;
-- ``moe``: the routed experts (``ffn.routed_ffn``), in the graph the MoE op's FLOPs;
+- ``moe``: the routed experts (``ffn.routed_ffn``), in the graph the MoE ops' FLOPs (with
+  the tokens other data-parallel ranks send them; a ``moe_forward_shared`` op's shared
+  experts are in it too, where vLLM has them in ``rest``);
 - ``lm_head``: ``unembed.*``, which runs outside vLLM's compiled graphs;
 - ``rest``: the projections and the dense and shared FFNs.
 
@@ -21,24 +23,28 @@ likely reason.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import evaluate
+from fxflops.report.figures import forward_graphs
 
 if TYPE_CHECKING:
     from fxflops.recording.engine_stats import EngineStats, EstimateRow
-    from fxflops.recording.store import Recorder
+    from fxflops.recording.store import GraphRecord, Recorder
 
 # measured against estimated, per component and for the whole: a difference above this
 # share of the estimate (LM head aside) is named
 TOLERANCE = 0.01
-COMPONENTS = ("attention", "moe", "rest", "lm_head")
+COMPONENTS = ("attention", "moe", "rest", "padding", "lm_head")
 WHY = {
     "attention": "vLLM counts attention as every query against its whole context (prefill "
                  "and verified drafts too); fxflops counts the causal pairs",
     "moe": "the experts' FLOPs differ (gathered or routed tokens, expert sizes)",
     "rest": "the projections or dense FFNs differ (layers the estimate does not model, or "
             "a graph that holds more or less than the model)",
+    "padding": "the forwards ran padded up to a CUDA-graph size; vLLM estimates the "
+               "scheduled tokens",
     "lm_head": "vLLM counts the LM head, which runs outside the compiled graphs",
 }
 
@@ -61,30 +67,37 @@ def is_moe_op(op: str) -> bool:
     return "moe" in name or "experts" in name
 
 
+# per graph: its MoE ops' matmul FLOPs as an expression of its size symbols (made once),
+# and their value per size
+_MOE_AT: weakref.WeakKeyDictionary[GraphRecord, tuple[Any, dict[Any, int]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def _moe_flops_at(rec: Recorder, size: Any) -> int:
-    """The MoE ops' matmul FLOPs of one forward at ``size``: every graph with a row there."""
+    """The MoE ops' matmul FLOPs of one forward at ``size``: every graph of the forward (not
+    a drafter's) with a row there."""
     total = 0
-    for g in rec.graphs_snapshot():
-        row = g.rows.get(size) if not isinstance(size, str) else None
-        if row is None:
-            row = next((r for r in g.all_rows() if r.size == size), None)
+    for g in forward_graphs(rec):
+        row = next((r for r in g.all_rows() if r.size == size), None)
         if row is None or row.cost is None:
             continue
-        binding = dict(zip(g.cost.symbols, row.key))
-        total += sum(evaluate(r.matmul_flops, binding) for op, r in g.cost.by_op().items()
-                     if is_moe_op(op))
+        cached = _MOE_AT.get(g)
+        if cached is None:
+            expr = sum((r.matmul_flops for op, r in g.cost.by_op().items() if is_moe_op(op)), 0)
+            cached = _MOE_AT[g] = (expr, {})
+        expr, at = cached
+        if size not in at:
+            at[size] = evaluate(expr, dict(zip(g.cost.symbols, row.key)))
+        total += at[size]
     return total
 
 
-def _estimate_per_step(rows: list[EstimateRow]) -> tuple[int, dict[str, float]]:
-    steps = sum(r.steps for r in rows)
+def _estimate_per_step(row: EstimateRow) -> dict[str, float]:
     parts = dict.fromkeys(COMPONENTS, 0.0)
-    for r in rows:
-        for key, value in r.by_component.items():
-            parts[component_of(key)] += value
-    parts = {k: v / steps for k, v in parts.items()} if steps else parts
-    parts["total"] = sum(r.flops for r in rows) / steps if steps else 0.0
-    return steps, parts
+    for key, value in row.by_component.items():
+        parts[component_of(key)] += value / row.steps
+    parts["total"] = row.flops / row.steps
+    return parts
 
 
 def compare(measured: dict[str, float], estimate: dict[str, float]) -> dict[str, Any]:
@@ -99,41 +112,52 @@ def compare(measured: dict[str, float], estimate: dict[str, float]) -> dict[str,
             "differs": differs}
 
 
+def measured_components(rec: Recorder, fig: dict[str, Any]) -> dict[str, float]:
+    """A forward row's matmul FLOPs per step by component: attention (counted at run time),
+    the MoE ops (their static count and the tokens other DP ranks sent them), padding (the
+    static FLOPs' share spent on padded tokens), the rest."""
+    kinds = fig.get("runtime_kinds") or {"attention": fig["runtime_flops"]}
+    attention = float(kinds.get("attention", 0))
+    gathered = float(sum(v for k, v in kinds.items() if k != "attention"))
+    static = float(fig["matmul_flops"]) - float(fig["runtime_flops"])
+    share = float(fig.get("padding_flops_share") or 0.0)
+    moe = float(_moe_flops_at(rec, fig["size"]))
+    return {"attention": attention, "moe": moe * (1 - share) + gathered,
+            "rest": (static - moe) * (1 - share), "padding": static * share, "lm_head": 0.0}
+
+
 def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per forward row (the report's ``forward``): measured and estimated FLOPs per step by
-    component, their ratio and what differs; and ``"all"``, over every row compared. None
+    component, their ratio and what differs; and ``"all"``, over every row compared. Empty
     where no graph was compiled (nothing measured to set beside it)."""
-    if not rec.graphs_snapshot():
+    if not forward_graphs(rec):
         return []
     estimates = {r.size: r for r in rec.engine.estimates_snapshot()}
     out = []
     measured_sum = dict.fromkeys(COMPONENTS, 0.0)
     estimate_sum = dict.fromkeys((*COMPONENTS, "total"), 0.0)
-    n = m = 0  # steps measured, steps estimated
+    steps = estimate_steps = 0
     for fig in forward:
-        served = [estimates[int(n)] for n in fig.get("scheduled") or {str(fig["size"]): 1}
-                  if int(n) in estimates]
-        steps, estimate = _estimate_per_step(served)
-        if not steps or not fig["calls"]:
+        row = estimates.get(fig["size"])
+        if row is None or not row.steps or not fig["calls"]:
             continue
-        moe = _moe_flops_at(rec, fig["size"])
-        attention = float(fig["runtime_flops"])
-        measured = {"attention": attention, "moe": float(moe),
-                    "rest": float(fig["matmul_flops"]) - attention - moe, "lm_head": 0.0}
-        out.append({"size": fig["size"], "steps": fig["calls"], "estimate_steps": steps,
+        estimate = _estimate_per_step(row)
+        measured = measured_components(rec, fig)
+        out.append({"size": fig["size"], "steps": fig["calls"], "estimate_steps": row.steps,
                     "measured": measured, "estimate": estimate,
                     **compare(measured, estimate)})
         for k in COMPONENTS:
             measured_sum[k] += measured[k] * fig["calls"]
-            estimate_sum[k] += estimate[k] * steps
-        estimate_sum["total"] += estimate["total"] * steps
-        n += fig["calls"]
-        m += steps
+            estimate_sum[k] += estimate[k] * row.steps
+        estimate_sum["total"] += estimate["total"] * row.steps
+        steps += fig["calls"]
+        estimate_steps += row.steps
     if out:
-        measured = {k: v / n for k, v in measured_sum.items()}
-        estimate = {k: v / m for k, v in estimate_sum.items()}
-        out.append({"size": "all", "steps": n, "estimate_steps": m, "measured": measured,
-                    "estimate": estimate, **compare(measured, estimate)})
+        measured = {k: v / steps for k, v in measured_sum.items()}
+        estimate = {k: v / estimate_steps for k, v in estimate_sum.items()}
+        out.append({"size": "all", "steps": steps, "estimate_steps": estimate_steps,
+                    "measured": measured, "estimate": estimate,
+                    **compare(measured, estimate)})
     return out
 
 
@@ -166,7 +190,8 @@ def engine_section(rec: Recorder, forward: list[dict[str, Any]]) -> dict[str, An
         return None
     out: dict[str, Any] = {}
     if estimates:
-        out["estimate"] = [{"size": r.size, "steps": r.steps, "flops": r.flops,
+        out["estimate"] = [{"size": r.size, "steps": r.steps,
+                            "scheduled_tokens": r.scheduled_tokens, "flops": r.flops,
                             "read_bytes": r.read_bytes, "write_bytes": r.write_bytes,
                             "components": dict(sorted(r.by_component.items()))}
                            for r in estimates]

@@ -94,6 +94,8 @@ def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
         # of matmul_flops, what layers' sizes gave (ops no formula counted right)
         "estimated_flops": cost.estimated_flops if cost else 0,
     }
+    if row.runtime_by_kind and calls:  # whole forwards: the run-time FLOPs by kind
+        fig["runtime_kinds"] = {k: v / calls for k, v in sorted(row.runtime_by_kind.items())}
     fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals(cost)
     fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
                           peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
@@ -168,15 +170,18 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
             for r in sorted_rows(g.all_rows())]
 
 
+def forward_graphs(rec: Recorder) -> list[GraphRecord]:
+    """The graphs a whole forward runs: all but a speculative decoder's drafter's
+    (``workload: draft``), which run outside the target's forward."""
+    return [g for g in rec.graphs_snapshot() if g.meta.get("workload") != "draft"]
+
+
 def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
     """What a whole forward costs at each size: what its graphs cost at that size
     (attention, which runs outside piecewise graphs, is added per call from the forward's
-    own run-time count). A speculative decoder's drafter graphs (``workload: draft``) run
-    outside the target's forward, and are not in it."""
+    own run-time count)."""
     by_size: dict[Any, list[CostAt]] = {}
-    for g in rec.graphs_snapshot():
-        if g.meta.get("workload") == "draft":
-            continue
+    for g in forward_graphs(rec):
         # a size's cost is the same in every phase: each graph's once per size
         of_graph = {r.size: r.cost for rows in (*g.warmup_rows().values(), g.all_rows())
                     for r in rows if r.cost is not None}

@@ -370,6 +370,13 @@ def moe_dims(layer: Any) -> MoEDims | None:
     return None
 
 
+def moe_dp_size(layer: Any) -> int:
+    """The data-parallel ranks a vLLM MoE layer's op dispatches tokens from (1: none)."""
+    cfg = getattr(getattr(layer, "moe_config", None), "moe_parallel_config", None) \
+        or getattr(layer, "moe_parallel_config", None)
+    return int(getattr(cfg, "dp_size", 1) or 1)
+
+
 def moe_weights(layer: Any) -> int:
     """Bytes of a MoE layer's routed experts' weights (``w13_*`` and ``w2_*`` tensors, on
     the layer or its ``routed_experts``)."""
@@ -418,10 +425,13 @@ def moe_forward_flop(hidden_states, router_logits, shared_input=None, input_ids=
     rank's tokens to the experts (an all-gather, or an all-to-all to the experts' ranks):
     the other ranks' tokens (``dp_metadata.num_tokens_across_dp_cpu``, a host tensor vLLM
     keeps per step) are counted at run time, at the same FLOPs per token."""
+    mod = _vllm_layer(layer)
     dims = _moe_layer_dims(layer)
     per_routed = int(dims.share * 2 * dims.hidden * dims.intermediate * (3 if dims.gated else 2))
     per_token = per_routed * dims.top_k
-    return RuntimeCost(per_token, 0, layer_name(layer), per_token * hidden_states.shape[0])
+    # (no data parallelism: nothing to add at run time, a static node)
+    gathered = per_token if moe_dp_size(mod) > 1 else 0
+    return RuntimeCost(gathered, 0, layer_name(layer), per_token * hidden_states.shape[0])
 
 
 @register_formula(["vllm::moe_forward_shared"], kind="matmul", get_raw=True, runtime=DP_TOKENS)

