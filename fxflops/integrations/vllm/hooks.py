@@ -353,7 +353,7 @@ def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
                             "pieces": num_graphs, "compile_range": [start, end]}
     # the compiler manager's prefix is the model tag its backend was made under: a
     # speculative decoder's drafter compiles its own pieces
-    if getattr(named["self"], "prefix", "") in DRAFT_TAGS:
+    if getattr(named.get("self"), "prefix", "") in DRAFT_TAGS:
         meta["workload"] = "draft"
         name = "draft:" + name
     if single:
