@@ -120,17 +120,12 @@ def test_mode3_pieces_of_a_drafter_are_its_own(monkeypatch, tmp_path):
 
     from fxflops.integrations.vllm import plugin
     from fxflops.report.figures import forward_costs
+    from tests.test_vllm_inprocess import dynamo_graph
     from tests.test_vllm_symbols import compiler_manager_kwargs
 
     plugin.install()
-    captured = {}
-
-    def grab(gm, example_inputs):
-        captured["gm"], captured["ex"] = gm, example_inputs
-        return gm.forward
-
     w = torch.randn(16, 8)
-    torch.compile(lambda x, w: x @ w, backend=grab)(torch.randn(4, 16), w)
+    captured = dynamo_graph(lambda x, w: x @ w, torch.randn(4, 16), w)
     cc = CompilationConfig(mode=3, backend="eager")
     with set_current_vllm_config(VllmConfig(compilation_config=cc)):
         for prefix in ("backbone", "eagle_head"):

@@ -46,6 +46,19 @@ def _silu_mm(x, w):
     return torch.nn.functional.silu(x @ w) * 2
 
 
+def dynamo_graph(fn, *args) -> dict:
+    """The graph Dynamo makes of ``fn(*args)`` and its example inputs, as vLLM's piecewise
+    backend receives them (``{"gm": ..., "ex": ...}``)."""
+    captured = {}
+
+    def grab(gm, example_inputs):
+        captured["gm"], captured["ex"] = gm, example_inputs
+        return gm.forward
+
+    torch.compile(fn, backend=grab)(*args)
+    return captured
+
+
 def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_path):
     """Drives vLLM's own CompilerManager (mode 3's compiler) with a real Dynamo graph.
 
@@ -61,16 +74,10 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
     from fxflops.integrations.vllm import plugin
 
     plugin.install()
-    captured = {}
-
-    def grab(gm, example_inputs):
-        captured["gm"], captured["ex"] = gm, example_inputs
-        return gm.forward
-
     w = torch.randn(32, 64)
     x = torch.randn(8, 32)
     torch._dynamo.mark_dynamic(x, 0)
-    torch.compile(_silu_mm, backend=grab)(x, w)
+    captured = dynamo_graph(_silu_mm, x, w)
     cc = CompilationConfig(mode=3, backend="inductor")
 
     from tests.test_vllm_symbols import compiler_manager_kwargs
