@@ -14,13 +14,17 @@
    - ``floor``: a backend that does nothing but what fxflops' wrapper shape costs: it
      compiles the inner as fxflops does and returns a function that calls it (Dynamo's
      disable wrapper, one Python frame);
-   - ``fxflops``: ``fxflops.backend(inner=...)``.
+   - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first 64 calls
+     (a call counted, one in ``FXFLOPS_SAMPLE_EVERY``, 16, timed: the goal's column);
+   - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
+     first 64 calls pay).
 
    Each call is timed alone; a round's figure is the median per variant; the figures are
    the medians over ``--rounds`` rounds of the per-round differences. Goal: fxflops
    against bare at most 1 us; fxflops against the floor is fxflops' own bookkeeping.
 2. fxflops' bookkeeping alone: its hot function around a callable that does nothing,
-   minus that callable called from a function of the same shape (goal: at most 1 us).
+   minus that callable called from a function of the same shape (goal: at most 1 us), in
+   the steady state and with every call timed.
 3. Memory after 1,000 and ``--calls`` calls over ``--sizes`` sizes (goal: flat).
 
 Figures drift between machines and runs; what this machine (a shared 2-core VM) gave is
@@ -30,6 +34,7 @@ in docs/benchmarks.md, with instruction counts (callgrind) that do not drift.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import tracemalloc
@@ -38,8 +43,11 @@ from typing import Any
 import torch
 
 import fxflops
+from fxflops import config
 
 GOAL_NS = 1000
+# calls per size before measuring: past the calls every one of which fxflops times
+WARM_CALLS = config.TIMED_FIRST + 36
 
 
 class Block(torch.nn.Module):
@@ -81,18 +89,27 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
     torch._dynamo.reset()
     torch.manual_seed(0)
     backends = {"bare": inner, "bare again": inner, "floor": floor_backend(inner),
-                "fxflops": fxflops.backend(inner=inner)}
+                "fxflops": fxflops.backend(inner=inner), "timed": fxflops.backend(inner=inner)}
     fns = [torch.compile(Block(), backend=b, dynamic=True) for b in backends.values()]
     inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
     now = time.perf_counter_ns
     diffs: dict[str, list[float]] = {"bare again": [], "floor": [], "fxflops": [],
-                                     "fxflops - floor": []}
+                                     "fxflops - floor": [], "timed": []}
     bare_ms: list[float] = []
     with torch.set_grad_enabled(grad):
-        for fn in fns:  # compiled, and warm
-            for _ in range(20):
-                for x in inputs:
-                    fn(x)
+        for name, fn in zip(backends, fns):  # compiled, and warm
+            every = os.environ.get("FXFLOPS_SAMPLE_EVERY")
+            if name == "timed":  # read when a graph is made: at its first call
+                os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
+            try:
+                for _ in range(WARM_CALLS):
+                    for x in inputs:
+                        fn(x)
+            finally:
+                if every is None:
+                    os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
+                else:
+                    os.environ["FXFLOPS_SAMPLE_EVERY"] = every
         order = list(range(len(fns)))
         for _ in range(rounds):
             samples: list[list[int]] = [[] for _ in fns]
@@ -109,6 +126,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
             diffs["floor"].append(med[2] - med[0])
             diffs["fxflops"].append(med[3] - med[0])
             diffs["fxflops - floor"].append(med[3] - med[2])
+            diffs["timed"].append(med[4] - med[0])
     out = {k: statistics.median(v) for k, v in diffs.items()}
     out["bare"] = statistics.median(bare_ms)
     return out
@@ -118,7 +136,7 @@ def every_call_style(iters: int, rounds: int) -> None:
     print("through torch.compile, per call (us; medians of per-round differences against "
           "bare; goal: fxflops <= +1 us)")
     print(f"{'inner':9} {'grad':5} {'sizes':5} {'bare':>8} {'A/A':>7} {'floor':>7} "
-          f"{'fxflops':>8} {'own':>7}  goal")
+          f"{'fxflops':>8} {'own':>7}  goal    {'timed':>7}")
     for inner in ("inductor", "eager"):
         for grad in (False, True):
             for sizes in (1, 3):
@@ -126,10 +144,12 @@ def every_call_style(iters: int, rounds: int) -> None:
                 ok = "OK" if r["fxflops"] <= GOAL_NS else "MISSED"
                 print(f"{inner:9} {'on' if grad else 'off':5} {sizes:5} {r['bare'] / 1e3:8.2f} "
                       f"{r['bare again'] / 1e3:+7.2f} {r['floor'] / 1e3:+7.2f} "
-                      f"{r['fxflops'] / 1e3:+8.2f} {r['fxflops - floor'] / 1e3:+7.2f}  {ok}",
-                      flush=True)
+                      f"{r['fxflops'] / 1e3:+8.2f} {r['fxflops - floor'] / 1e3:+7.2f}  "
+                      f"{ok:6}  {r['timed'] / 1e3:+7.2f}", flush=True)
     print("(A/A: a second bare compile against the first, this machine's noise; floor: "
-          "a backend that only calls the inner; own: fxflops against the floor)")
+          "a backend that only calls the inner; own: fxflops against the floor; timed: "
+          "fxflops with every call timed, FXFLOPS_SAMPLE_EVERY=1, as a size's first "
+          f"{config.TIMED_FIRST} calls are)")
 
 
 def per_call_ns(fn: Any, args: tuple, n: int) -> float:
@@ -164,19 +184,24 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
     def shape(*args: Any) -> Any:  # the same frame, nothing counted
         return noop(*args)
 
-    wrapped = InstrumentedGraph(noop, graph.record, graph.plan)
-    hot = wrapped.hot
     a = graph_args(x)
-    hot(*a)
-    per_call_ns(shape, a, 20_000), per_call_ns(hot, a, 20_000)
-    d = []
+    hots = {}
+    for every in ("16", "1"):  # the default stride (read when a graph is made); every call
+        os.environ["FXFLOPS_SAMPLE_EVERY"] = every
+        hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
+        os.environ.pop("FXFLOPS_SAMPLE_EVERY")
+        for _ in range(WARM_CALLS):
+            hots[every](*a)
+    per_call_ns(shape, a, 20_000), per_call_ns(hots["16"], a, 20_000)
+    d: dict[str, list[float]] = {every: [] for every in hots}
     for _ in range(rounds * 4):
-        tb = per_call_ns(shape, a, 20_000)
-        d.append(per_call_ns(hot, a, 20_000) - tb)
-    nd = statistics.median(d)
+        for every, hot in hots.items():
+            tb = per_call_ns(shape, a, 20_000)
+            d[every].append(per_call_ns(hot, a, 20_000) - tb)
+    nd, timed = statistics.median(d["16"]), statistics.median(d["1"])
     print(f"bookkeeping alone (no-op inner): {nd / 1e3:.2f} us per call  goal: <= 1 us  "
-          f"{'OK' if nd <= GOAL_NS else 'MISSED'}")
-    return hot, graph_args
+          f"{'OK' if nd <= GOAL_NS else 'MISSED'}  (every call timed: {timed / 1e3:.2f} us)")
+    return hots["16"], graph_args
 
 
 def memory(hot: Any, graph_args: Any, calls: int, sizes: int) -> None:

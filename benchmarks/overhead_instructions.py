@@ -7,7 +7,8 @@ instructions a call executes do not. This runs itself under ``valgrind --tool=ca
 (about 5 minutes on 2 cores: torch's import and the compiles, instrumented), with a dump
 before each ``os.getloadavg()`` that separates the loops, and prints each variant's
 instructions per call: ``bare`` (the inner backend), ``floor`` (a backend that only calls
-the inner) and ``fxflops``.
+the inner), ``fxflops`` (past a size's first 64 calls: one in 16 timed) and ``timed``
+(``FXFLOPS_SAMPLE_EVERY=1``: every call timed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-VARIANTS = ("bare", "floor", "fxflops", "bare")
+VARIANTS = ("bare", "floor", "fxflops", "timed", "bare")
 
 
 def measure(inner: str, calls: int) -> None:
@@ -31,7 +32,7 @@ def measure(inner: str, calls: int) -> None:
     import fxflops
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from overhead import floor_backend
+    from overhead import WARM_CALLS, floor_backend
 
     class Small(torch.nn.Module):
         def __init__(self) -> None:
@@ -43,13 +44,16 @@ def measure(inner: str, calls: int) -> None:
 
     torch.set_num_threads(1)
     backends = {"bare": inner, "floor": floor_backend(inner),
-                "fxflops": fxflops.backend(inner=inner)}
+                "fxflops": fxflops.backend(inner=inner), "timed": fxflops.backend(inner=inner)}
     fns = {name: torch.compile(Small(), backend=b, dynamic=True) for name, b in backends.items()}
     x = torch.randn(8, 4)
     with torch.no_grad():
-        for fn in fns.values():
-            for _ in range(50):
+        for name, fn in fns.items():
+            if name == "timed":  # every call timed (read when the graph is made)
+                os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
+            for _ in range(WARM_CALLS):  # past the calls every one of which fxflops times
                 fn(x)
+            os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
         for name in VARIANTS:
             os.getloadavg()  # a dump: what ran since
             fn = fns[name]
@@ -97,7 +101,8 @@ def main() -> int:
         value = min(values)
         print(f"  {name:8} {value:10,.0f}  ({value - bare:+,.0f} over bare)")
     print(f"  fxflops' own (over the floor): "
-          f"{min(per_call['fxflops']) - min(per_call['floor']):+,.0f}")
+          f"{min(per_call['fxflops']) - min(per_call['floor']):+,.0f}; every call timed: "
+          f"{min(per_call['timed']) - min(per_call['floor']):+,.0f}")
     return 0
 
 

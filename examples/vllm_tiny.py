@@ -71,7 +71,7 @@ ARCHS: dict[str, dict] = {
 }
 
 
-def tiny_llama(path: str, arch: str = "llama") -> str:
+def tiny_llama(path: str, arch: str = "llama", **overrides: object) -> str:
     """A config-only model folder: vLLM builds it with load_format='dummy'."""
     os.makedirs(path, exist_ok=True)
     cfg = {
@@ -82,6 +82,7 @@ def tiny_llama(path: str, arch: str = "llama") -> str:
         "tie_word_embeddings": False,
     }
     cfg.update(ARCHS[arch])
+    cfg.update(overrides)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
@@ -140,6 +141,9 @@ def main() -> None:
                    help="vLLM's own estimate of each step (--enable-mfu-metrics)")
     p.add_argument("--ngram", type=int, default=0, metavar="K",
                    help="speculative decoding by n-gram lookup, K draft tokens a step")
+    p.add_argument("--draft", type=int, default=0, metavar="K",
+                   help="speculative decoding by a draft model (a one-layer tiny Llama of the "
+                        "same vocabulary, its own dummy weights), K draft tokens a step")
     p.add_argument("--lora", type=int, default=0, metavar="R",
                    help="serve the prompts through a LoRA adapter of rank R on every "
                         "attention projection (made here, random weights)")
@@ -174,6 +178,11 @@ def main() -> None:
     if args.ngram:
         extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
                                        "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    if args.draft:
+        draft = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}-draft"),
+                           args.arch, num_hidden_layers=1)
+        extra["speculative_config"] = {"method": "draft_model", "model": draft,
+                                       "num_speculative_tokens": args.draft}
     lora_request = None
     if args.lora:
         from vllm.lora.request import LoRARequest

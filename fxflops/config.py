@@ -57,6 +57,13 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _power_of_two(raw: str) -> int:
+    value = _positive_int(raw)
+    if value & (value - 1):
+        raise ValueError("must be a power of two (1, 2, 4, 8, ...)")
+    return value
+
+
 def _seconds(raw: str) -> float:
     """A period in seconds; 0 switches the periodic job off."""
     value = float(raw.strip())
@@ -110,6 +117,13 @@ PEAK_GBPS = Variable("FXFLOPS_PEAK_GBPS", _peak, None,
                      "peak GB/s for bandwidth use and the roofline (overrides the table)")
 WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
                   "samples kept per (graph, size) for the median and percentiles")
+# the calls of a (graph, size) timed one by one before SAMPLE_EVERY applies: short runs
+# (the demo, a test, the tuner's sweep) time every call; a server's steady state samples
+TIMED_FIRST = 64
+SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _power_of_two, 16,
+                        f"after a (graph, size)'s first {TIMED_FIRST} calls, time one call in "
+                        "this many and count every one (1: time every call; the CPU clock's "
+                        "path; see [conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,
@@ -145,8 +159,8 @@ PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
                             "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, MAX_SIZES, RANK, RUN_ID, DUMP_DIR, KERNELS, LOG,
-                                   PROMETHEUS, PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
+                                   WINDOW, SAMPLE_EVERY, MAX_SIZES, RANK, RUN_ID, DUMP_DIR,
+                                   KERNELS, LOG, PROMETHEUS, PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
 
 
 def warn_unknown_variables() -> None:

@@ -362,6 +362,69 @@ def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch
     assert entry["calls"] == 3
 
 
+class SteppingClock:
+    """A CPU clock whose k-th timed call lasts (k + 1) us: reads come in pairs around a
+    call, the k-th pair 1 s apart from the previous one."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> int:
+        k, end = divmod(self.reads, 2)
+        self.reads += 1
+        return k * 10**9 + end * (k + 1) * 1000
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["grad-off", "grad-on-boxed"])
+def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
+        grad, monkeypatch, tmp_path):
+    """Through torch.compile (grad on: AOTAutograd's boxed forward graph), with
+    FXFLOPS_SAMPLE_EVERY=4: every call of a size is counted; its first 64 are timed, then
+    the 64th, 68th, ... of its calls; a sample stands for itself and the 3 calls after it
+    in the total, and the window holds the samples in the order they were taken."""
+    from fxflops import config
+
+    every, calls = 4, 102
+    monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", str(every))  # read when a graph is made
+    clock = SteppingClock()
+    monkeypatch.setattr(wrap, "_now", clock)
+    model = torch.nn.Linear(4, 4).requires_grad_(grad)
+    inner = "aot_eager" if grad else "eager"  # AOTAutograd's forward graph, or Dynamo's
+    compiled = torch.compile(model, backend=fxflops.backend(inner=inner))
+    x = torch.randn(3, 4)
+    with torch.set_grad_enabled(grad):
+        for _ in range(calls):
+            assert torch.equal(compiled(x), model(x))
+    (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
+    assert graph.meta.get("phase") == ("forward" if grad else None)
+    (row,) = graph.rows.values()
+    # by hand: 64 calls, then those at 64, 68, ..., 100 (ten)
+    sampled = [n for n in range(config.TIMED_FIRST, calls) if n % every == 0]
+    timed = config.TIMED_FIRST + len(sampled)
+    assert (row.count, row.samples_taken) == (calls, timed) == (102, 74)
+    assert list(row.samples()) == [(k + 1) * 1000 for k in range(timed)]
+    first_ns = sum((k + 1) * 1000 for k in range(config.TIMED_FIRST))
+    sampled_ns = sum((k + 1) * 1000 * every for k in range(config.TIMED_FIRST, timed))
+    assert row.total_ns == first_ns + sampled_ns
+    # the calls the samples stand for: the calls made, and at most every - 1 ahead of them
+    assert calls <= config.TIMED_FIRST + every * len(sampled) < calls + every
+    path = fxflops.recorder().save(tmp_path / "r.json")
+    (saved,) = [r for g in fxflops.load_report(path)["graphs"] for r in g["rows"]
+                if g["meta"].get("phase") != "backward"]
+    assert (saved["calls"], saved["timed_calls"]) == (calls, timed)
+    assert saved["total_ms"] == (first_ns + sampled_ns) / 1e6
+
+
+def test_sample_every_one_times_every_call(monkeypatch):
+    monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", "1")
+    compiled = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"))
+    for _ in range(200):
+        compiled(torch.ones(5))
+    (graph,) = fxflops.recorder().graphs
+    (row,) = graph.rows.values()
+    assert row.count == row.samples_taken == 200
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_cuda_events_time_a_matmul():

@@ -154,3 +154,40 @@ def test_every_drafter_tag_vllm_sets_is_known():
     files = [*root.glob("v1/spec_decode/**/*.py"), *root.glob("v1/worker/gpu/spec_decode/**/*.py")]
     tags = {m for f in files for m in re.findall(r'set_model_tag\("(\w+)"', f.read_text())}
     assert tags and tags <= DRAFT_TAGS, sorted(tags - DRAFT_TAGS)
+
+
+def cad_of(query_lens, seq_lens):
+    """vLLM's real ``CommonAttentionMetadata`` of a batch (on the CPU)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    starts = torch.tensor(np.concatenate([[0], np.cumsum(query_lens)]), dtype=torch.int32)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    tokens = int(starts[-1])
+    return CommonAttentionMetadata(
+        query_start_loc=starts, query_start_loc_cpu=starts.clone(), seq_lens=seq,
+        num_reqs=len(seq_lens), num_actual_tokens=tokens, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), block_table_tensor=torch.zeros(len(seq_lens), 4),
+        slot_mapping=torch.arange(tokens), seq_lens_cpu_upper_bound=seq.clone())
+
+
+def test_a_drafter_pass_reads_its_lengths_from_the_host_only():
+    """A draft model's first pass, as vLLM 0.32 makes it (``extend_all_queries_by_N``: one
+    more slot per request, in the query and the sequence lengths, but not in the host upper
+    bound): on the CPU the lengths are the kernel's own; with ``seq_lens`` on a device
+    (here the meta device: reading it would fail) the host bound, extended by the slots
+    the proposer added, gives the same; without a host bound, nothing."""
+    from vllm.v1.spec_decode.utils import extend_all_queries_by_N
+
+    from fxflops.integrations.vllm.drafter import pass_lengths
+
+    cad = cad_of([3, 1], [19, 40])  # the target's step: 3 and 1 tokens, contexts 16 and 39
+    extended = extend_all_queries_by_N(cad, N=1, arange=torch.arange(8),
+                                       new_slot_mapping=torch.arange(6))
+    q, c = pass_lengths(extended)
+    assert q.tolist() == [4, 2] and c.tolist() == [16, 39]
+    on_device = extended.replace(seq_lens=extended.seq_lens.to("meta"))
+    assert [x.tolist() for x in pass_lengths(on_device, extension=1)] == [[4, 2], [16, 39]]
+    # a bound vLLM already extended is not extended again (it would pass max_seq_len)
+    fixed = on_device.replace(seq_lens_cpu_upper_bound=extended.seq_lens.clone())
+    assert [x.tolist() for x in pass_lengths(fixed, extension=1)] == [[4, 2], [16, 39]]
+    assert pass_lengths(on_device.replace(seq_lens_cpu_upper_bound=None)) is None

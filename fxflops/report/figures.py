@@ -87,6 +87,9 @@ def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
         "total_ms": row.total_ns / 1e6, **pct,
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
         "runtime_bytes": int(runtime_bytes),
+        # the run-time counts summed over the calls (exact; the per-call figures above are
+        # their mean when calls at one size ran at different lengths)
+        "total_runtime_flops": row.runtime_flops, "total_runtime_bytes": row.runtime_bytes,
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
         "recomputed_flops": cost.recomputed_flops if cost else 0,

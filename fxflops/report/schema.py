@@ -63,6 +63,7 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "roofline_share": _MAYBE_NUMBER, "runtime_bytes": _NUMBER,
     "recomputed_flops": _NUMBER, "recomputed_matmul_flops": _NUMBER,
     "total_flops": _NUMBER, "total_matmul_flops": _NUMBER, "total_bytes": _NUMBER,
+    "total_runtime_flops": _NUMBER, "total_runtime_bytes": _NUMBER,
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
     "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),

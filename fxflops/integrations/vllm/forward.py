@@ -197,13 +197,19 @@ def _replays() -> int:
     return timing.replays() if timing is not None else 0
 
 
+def count_lengths(vllm_config: Any, query_lens: Any, context_lens: Any) -> None:
+    """Attention nodes that run from now on (until ``end_step``) count these requests'
+    lengths: a step's (``begin_step``), or a drafter pass's (``drafter``)."""
+    _state.lengths, _state.counts = (query_lens, context_lens), {}
+    _state.layers = vllm_config.compilation_config.static_forward_context
+    _state.config = vllm_config
+
+
 def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> Any:
     """The whole-forward row of a step of ``tokens`` (padded) tokens, its attention charged
     from the requests' query and cached lengths; the step's counts are set for the graphs'
     attention nodes until ``end_step``."""
-    _state.lengths, _state.counts = (query_lens, context_lens), {}
-    _state.layers = runner.vllm_config.compilation_config.static_forward_context
-    _state.config = runner.vllm_config
+    count_lengths(runner.vllm_config, query_lens, context_lens)
     _state.replays = _replays()
     row = recorder().forward_row(tokens)
     # the tokens the scheduler gave this step: the padding is the rest (padding waste)

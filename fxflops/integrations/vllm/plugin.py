@@ -44,7 +44,7 @@ def register() -> None:
 
 def install() -> None:
     """Instrument everything vLLM compiles in this process (idempotent)."""
-    from fxflops.integrations.vllm import engine_stats, forward, hooks
+    from fxflops.integrations.vllm import drafter, engine_stats, forward, hooks
 
     if "hooks" in _installed:
         return
@@ -56,6 +56,7 @@ def install() -> None:
     forward.install_forward_timing()
     forward.install_attention_coster()
     engine_stats.install_engine_stats()
+    drafter.install_drafter_hooks()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
     if config.KERNELS.get() is not None:
