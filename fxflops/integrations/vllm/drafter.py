@@ -18,12 +18,15 @@ scheduling, where it assumes every draft was accepted).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, passthrough
 from fxflops.util import warn_once
 
 _LENGTHS = "_fxflops_draft_lengths"
+# drafter modules already hooked (a proposer that loads its model again hooks it once)
+_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
@@ -70,7 +73,7 @@ def _hook_model(named: dict[str, Any], _result: Any) -> None:
     unwrap = getattr(model, "unwrap", None)  # (a CUDA-graph wrapper around it)
     if not isinstance(model, torch.nn.Module) and unwrap is not None:
         model = unwrap()
-    if not isinstance(model, torch.nn.Module) or getattr(model, "_fxflops_drafter", False):
+    if not isinstance(model, torch.nn.Module) or model in _HOOKED:
         return
 
     def before(_module: Any, _args: Any) -> None:
@@ -87,7 +90,7 @@ def _hook_model(named: dict[str, Any], _result: Any) -> None:
 
     model.register_forward_pre_hook(before)
     model.register_forward_hook(after, always_call=True)
-    model._fxflops_drafter = True
+    _HOOKED.add(model)
 
 
 def _begin_pass(proposer: Any) -> None:
