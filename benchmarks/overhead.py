@@ -14,10 +14,10 @@
    - ``floor``: a backend that does nothing but what fxflops' wrapper shape costs: it
      compiles the inner as fxflops does and returns a function that calls it (Dynamo's
      disable wrapper, one Python frame);
-   - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first 64 calls
+   - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first 16 calls
      (a call counted, one in ``FXFLOPS_SAMPLE_EVERY``, 16, timed: the goal's column);
    - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
-     first 64 calls pay).
+     first 16 calls pay).
 
    Each call is timed alone; a round's figure is the median per variant; the figures are
    the medians over ``--rounds`` rounds of the per-round differences. Goal: fxflops

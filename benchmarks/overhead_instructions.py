@@ -7,7 +7,7 @@ instructions a call executes do not. This runs itself under ``valgrind --tool=ca
 (about 5 minutes on 2 cores: torch's import and the compiles, instrumented), with a dump
 before each ``os.getloadavg()`` that separates the loops, and prints each variant's
 instructions per call: ``bare`` (the inner backend), ``floor`` (a backend that only calls
-the inner), ``fxflops`` (past a size's first 64 calls: one in 16 timed) and ``timed``
+the inner), ``fxflops`` (past a size's first 16 calls: one in 16 timed) and ``timed``
 (``FXFLOPS_SAMPLE_EVERY=1``: every call timed).
 """
 

@@ -119,7 +119,7 @@ WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
                   "samples kept per (graph, size) for the median and percentiles")
 # the calls of a (graph, size) timed one by one before SAMPLE_EVERY applies: short runs
 # (the demo, a test, the tuner's sweep) time every call; a server's steady state samples
-TIMED_FIRST = 64
+TIMED_FIRST = 16
 SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _power_of_two, 16,
                         f"after a (graph, size)'s first {TIMED_FIRST} calls, time one call in "
                         "this many and count every one (1: time every call; the CPU clock's "

@@ -379,8 +379,8 @@ class SteppingClock:
 def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
         grad, monkeypatch, tmp_path):
     """Through torch.compile (grad on: AOTAutograd's boxed forward graph), with
-    FXFLOPS_SAMPLE_EVERY=4: every call of a size is counted; its first 64 are timed, then
-    the 64th, 68th, ... of its calls; a sample stands for itself and the 3 calls after it
+    FXFLOPS_SAMPLE_EVERY=4: every call of a size is counted; its first 16 are timed, then
+    the 16th, 20th, ... of its calls; a sample stands for itself and the 3 calls after it
     in the total, and the window holds the samples in the order they were taken."""
     from fxflops import config
 
@@ -398,10 +398,10 @@ def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
     (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
     assert graph.meta.get("phase") == ("forward" if grad else None)
     (row,) = graph.rows.values()
-    # by hand: 64 calls, then those at 64, 68, ..., 100 (ten)
+    # by hand: 16 calls, then those at 16, 20, ..., 100 (22)
     sampled = [n for n in range(config.TIMED_FIRST, calls) if n % every == 0]
     timed = config.TIMED_FIRST + len(sampled)
-    assert (row.count, row.samples_taken) == (calls, timed) == (102, 74)
+    assert (row.count, row.samples_taken) == (calls, timed) == (102, 38)
     assert list(row.samples()) == [(k + 1) * 1000 for k in range(timed)]
     first_ns = sum((k + 1) * 1000 for k in range(config.TIMED_FIRST))
     sampled_ns = sum((k + 1) * 1000 * every for k in range(config.TIMED_FIRST, timed))

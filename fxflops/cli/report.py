@@ -48,21 +48,25 @@ COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "ma
            "phase", "recomputed_flops", "hfu", "padding_share"]
 
 
+WHOLE_FORWARDS = ("<forward>", "<draft>")
+
+
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
     """For whole-forward rows: the share of the forward spent outside compiled graphs.
 
     Per run, process (or merged place: a stage, the whole job) and size: 1 - (sum over
-    graphs of median x calls per forward) / forward median.
+    graphs of median x calls per forward) / forward median; the target's ``<forward>``
+    over its graphs, a drafter's ``<draft>`` over the drafter's (``workload: draft``).
     """
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         process = r.get("pid") if r.get("rank") != "all" else None
         return (r.get("run"), r.get("place"), r.get("rank"), process, r.get("warmup"),
-                str(r["size"]))
+                str(r["size"]), r.get("workload") == "draft")
 
     graph_time: dict[tuple[Any, ...], float] = defaultdict(float)
-    fwd = {key(r): r for r in rows if r["graph"] == "<forward>"}
+    fwd = {key(r): r for r in rows if r["graph"] in WHOLE_FORWARDS}
     for r in rows:
-        if r["graph"] == "<forward>":
+        if r["graph"] in WHOLE_FORWARDS:
             continue
         k = key(r)
         f = fwd.get(k)

@@ -117,6 +117,13 @@ def samples(rec: Recorder) -> list[Sample]:
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):
             out.append(Sample("counter", f"fxflops_forward_{name}", f"fxflops: {text}",
                               labels, value))
+    drafts = rec.forwards_snapshot("draft")
+    if drafts:  # a speculative decoder's drafter passes, apart from the target's forwards
+        draft_costs = forward_costs(rec, "draft")
+        for size, rows in _bounded(drafts, None, limit):
+            out += _row_samples("fxflops_draft_forward", "drafter passes (vLLM speculative "
+                                "decoding)", (("size", size), *where), rows,
+                                [forward_cost(draft_costs, r) for r in rows])
     try:  # (vLLM's figures beside ours: never at the cost of the rest of the samples)
         out += _engine_samples(rec, where)
     except Exception as e:

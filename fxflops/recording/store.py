@@ -191,6 +191,8 @@ class Recorder:
         self.forwards: dict[int, SizeStats] = {}
         self.warmup_forwards: dict[str, dict[int, SizeStats]] = {}
         self._active_forwards = self.forwards
+        # a speculative decoder's drafter passes (vLLM), per size: real traffic's only
+        self.draft_forwards: dict[int, SizeStats] = {}
         # graphs fxflops could not instrument (they run as compiled, counted where possible)
         self.uninstrumented: list[UninstrumentedGraph] = []
         self.info: dict[str, Any] = {}
@@ -252,6 +254,16 @@ class Recorder:
             row = rows.setdefault(size, SizeStats((size,), size))
         return row
 
+    def draft_forward_row(self, size: int) -> SizeStats | None:
+        """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are
+        dummy passes, which count nothing)."""
+        if self._active_forwards is not self.forwards:
+            return None
+        row = self.draft_forwards.get(size)
+        if row is None:
+            row = self.draft_forwards.setdefault(size, SizeStats((size,), size))
+        return row
+
     # --- warm-up ------------------------------------------------------------------------
 
     def switch(self, phase: str) -> None:
@@ -267,8 +279,9 @@ class Recorder:
     def graphs_snapshot(self) -> list[GraphRecord]:
         return list(self.graphs)
 
-    def forwards_snapshot(self) -> list[SizeStats]:
-        return list(self.forwards.values())
+    def forwards_snapshot(self, workload: str = "target") -> list[SizeStats]:
+        """Whole-forward rows: the target model's, or (``"draft"``) its drafter's passes."""
+        return list((self.draft_forwards if workload == "draft" else self.forwards).values())
 
     def warmup_forwards_snapshot(self) -> dict[str, list[SizeStats]]:
         return {phase: list(rows.values()) for phase, rows in list(self.warmup_forwards.items())
@@ -279,6 +292,7 @@ class Recorder:
         for g in self.graphs_snapshot():
             g.clear_counts()
         self.forwards.clear()
+        self.draft_forwards.clear()
         for forwards in self.warmup_forwards.values():
             forwards.clear()
         self.collectives.clear()

@@ -108,10 +108,13 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
     return summary
 
 
-def forward_figures_of(rec: Recorder, peak: dict[str, Any]
+def forward_figures_of(rec: Recorder, peak: dict[str, Any], workload: str = "target"
                        ) -> Callable[[SizeStats], dict[str, Any]]:
-    """A whole-forward row's figures: its graphs' cost at its size, its padding."""
-    costs = forward_costs(rec)
+    """A whole-forward row's figures: its graphs' cost at its size, its padding (a
+    drafter pass's, ``workload="draft"``: its graphs', no padding)."""
+    costs = forward_costs(rec, workload)
+    if workload == "draft":
+        return lambda r: row_figures(r, peak, forward_cost(costs, r))
     flops_at = _general_flops(rec)
 
     def forward_figures(r: SizeStats) -> dict[str, Any]:
@@ -153,6 +156,10 @@ def build_report(rec: Recorder) -> dict[str, Any]:
             "uninstrumented": [{"name": u.name, "reason": u.reason, "calls": u.calls}
                                for u in list(rec.uninstrumented)]}
     timing = sys.modules.get("fxflops.recording.cuda_events")
+    drafts = sorted_rows(rec.forwards_snapshot("draft"))
+    if drafts:  # a speculative decoder's drafter passes, apart from the target's forwards
+        draft_figures = forward_figures_of(rec, peak, "draft")
+        data["draft_forward"] = [draft_figures(r) for r in drafts]
     if timing is not None:  # CUDA events: what is still in flight as this is written
         data["timing"] = timing.status()
     engine = engine_section(rec, forward)

@@ -173,18 +173,20 @@ def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
             for r in sorted_rows(g.all_rows())]
 
 
-def forward_graphs(rec: Recorder) -> list[GraphRecord]:
-    """The graphs a whole forward runs: all but a speculative decoder's drafter's
-    (``workload: draft``), which run outside the target's forward."""
-    return [g for g in rec.graphs_snapshot() if g.meta.get("workload") != "draft"]
+def forward_graphs(rec: Recorder, workload: str = "target") -> list[GraphRecord]:
+    """The graphs a whole forward runs: the target's are all but a speculative decoder's
+    drafter's (``workload: draft``), which run outside the target's forward; the
+    drafter's pass (``workload="draft"``) runs those."""
+    draft = workload == "draft"
+    return [g for g in rec.graphs_snapshot() if (g.meta.get("workload") == "draft") == draft]
 
 
-def forward_costs(rec: Recorder) -> dict[Any, CostAt]:
-    """What a whole forward costs at each size: what its graphs cost at that size
-    (attention, which runs outside piecewise graphs, is added per call from the forward's
-    own run-time count)."""
+def forward_costs(rec: Recorder, workload: str = "target") -> dict[Any, CostAt]:
+    """What a whole forward (the target's, or a drafter pass) costs at each size: what its
+    graphs cost at that size (attention, which runs outside piecewise graphs, is added
+    per call from the forward's own run-time count)."""
     by_size: dict[Any, list[CostAt]] = {}
-    for g in forward_graphs(rec):
+    for g in forward_graphs(rec, workload):
         # a size's cost is the same in every phase: each graph's once per size
         of_graph = {r.size: r.cost for rows in (*g.warmup_rows().values(), g.all_rows())
                     for r in rows if r.cost is not None}

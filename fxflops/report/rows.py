@@ -23,7 +23,8 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[
     every row, with ``place`` its short name (``pp1 tp0``), so that ``fxflops.merge`` can
     tell shards from stages from replicas. Graphs that share a name in one report are kept
     apart: the second is ``name#2``. Rows of a training step's graphs carry their ``phase``,
-    ``source`` and ``frame``.
+    ``source`` and ``frame``; a drafter's graphs and passes (``<draft>``) their
+    ``workload: draft``.
     """
     rows = []
     for rep in reports:
@@ -40,12 +41,15 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[
             meta = g.get("meta") or {}
             # a training graph's phase, the Dynamo graph it came from, the Python frame
             # (fxflops.autograd, fxflops.steps)
-            origin = {k: meta[k] for k in ("phase", "source", "frame", "piece") if k in meta}
+            origin = {k: meta[k] for k in ("phase", "source", "frame", "piece", "workload")
+                      if k in meta}
             for r in g["rows"] + (g.get("warmup", []) if warmup else []):
                 rows.append({**tags, "graph": name, "fingerprint": g.get("fingerprint"),
                              **origin, **r})
         for r in rep["forward"] + (rep.get("forward_warmup", []) if warmup else []):
             rows.append({**tags, "graph": "<forward>", **r})
+        for r in rep.get("draft_forward", []):  # a speculative decoder's drafter passes
+            rows.append({**tags, "graph": "<draft>", "workload": "draft", **r})
     return rows
 
 

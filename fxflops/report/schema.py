@@ -76,7 +76,8 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "pid": _MAYBE_INT, "fingerprint": _MAYBE_STR, "phase": _MAYBE_STR,
     "source": _MAYBE_STR, "frame": (int, str, type(None)), "ranks": (int,), "piece": _MAYBE_INT,
     "outside_share": _MAYBE_NUMBER, "graphs_ms": _NUMBER, "place": (str,), "stage": (str,),
-    "warmup": (str,), **{f: _MAYBE_INT for f in PLACEMENT_FIELDS if f != "rank"},
+    "warmup": (str,), "workload": _MAYBE_STR,
+    **{f: _MAYBE_INT for f in PLACEMENT_FIELDS if f != "rank"},
 }
 
 
@@ -250,8 +251,8 @@ def validate(data: Any, where: str) -> None:
         raise ReportError(f"{where}: report schema {data['schema'][:60]} is not {SCHEMA}")
     _check(data, where, {"process": (dict,), "graphs": (list,), "forward": (list,)},
            {"run": (dict,), "peak": (dict,), "steps": (list,), "uninstrumented": (list,),
-            "forward_warmup": (list,), "collectives": (dict,), "timing": (dict,),
-            "engine": (dict,)})
+            "forward_warmup": (list,), "draft_forward": (list,), "collectives": (dict,),
+            "timing": (dict,), "engine": (dict,)})
     if "engine" in data:
         _check_engine(data["engine"], f"{where}: engine")
     if "timing" in data:
@@ -279,7 +280,7 @@ def validate(data: Any, where: str) -> None:
         for part in ("rows", "warmup"):
             for j, r in enumerate(g.get(part, [])):
                 _check(r, f"{where}: graphs[{i}].{part}[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
-    for part in ("forward", "forward_warmup"):
+    for part in ("forward", "forward_warmup", "draft_forward"):
         for j, r in enumerate(data.get(part, [])):
             _check(r, f"{where}: {part}[{j}]", _ROW_FIELDS, _ROW_OPTIONAL)
 

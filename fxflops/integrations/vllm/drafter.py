@@ -9,9 +9,11 @@ request, one position further. Before each pass the proposer builds the pass's a
 metadata from a ``CommonAttentionMetadata`` (``build_per_group_and_layer_attn_metadata``):
 its lengths are read there from host-side tensors (``pass_lengths``), and set for the
 attention nodes of the drafter's graphs during its forward (a pre- and post-hook on the
-drafter module, torch's own). That counts attention where it is inside the drafter's
-graphs (mode 2); in mode 3 it runs between the pieces, outside any graph, and is not
-counted for the drafter. A dummy or profiling pass (no attention metadata) counts nothing.
+drafter module, torch's own). Each pass is also a whole-forward row of its own
+(``<draft>``, by the pass's tokens: the report's ``draft_forward``), timed, its FLOPs the
+drafter's graphs' at that size plus the drafter's attention layers at the pass's lengths
+(in mode 3 attention runs between the pieces, outside any graph: only this row holds it).
+A dummy or profiling pass (no attention metadata) counts nothing.
 On a GPU the sequence lengths are vLLM's host upper bound (exact but under asynchronous
 scheduling, where it assumes every draft was accepted).
 """
@@ -75,38 +77,68 @@ def _hook_model(named: dict[str, Any], _result: Any) -> None:
         model = unwrap()
     if not isinstance(model, torch.nn.Module) or model in _HOOKED:
         return
+    passes: list[Any] = []  # the pass in progress (its clock's token), if timed
 
-    def before(_module: Any, _args: Any) -> None:
+    def before(_module: Any, args: Any, kwargs: dict[str, Any]) -> None:
         try:
-            _begin_pass(proposer)
+            passes.append(_begin_pass(proposer, model, kwargs))
         except Exception as e:
-            warn_once("vllm-draft-pass", "fxflops: the drafter's attention is not counted "
+            passes.append(None)
+            warn_once("vllm-draft-pass", "fxflops: the drafter's passes are not counted "
                       "(%s: %s)", type(e).__name__, e)
 
     def after(_module: Any, _args: Any, _out: Any) -> None:
-        from fxflops.integrations.vllm.forward import end_step
+        from fxflops.integrations.vllm.forward import clock_of, end_step
 
-        end_step()
+        token = passes.pop() if passes else None
+        try:
+            if token is not None:
+                clock_of(proposer).stop(token)
+        finally:
+            end_step()
 
-    model.register_forward_pre_hook(before)
+    model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after, always_call=True)
     _HOOKED.add(model)
 
 
-def _begin_pass(proposer: Any) -> None:
-    """The drafter's attention nodes count this pass's lengths, the last the proposer
-    built (a drafter whose positions do not move, Gemma 4's MTP, builds them once for all
-    its passes); none for a dummy pass."""
+def _begin_pass(proposer: Any, model: Any, kwargs: dict[str, Any]) -> Any:
+    """A drafter pass: its attention nodes count its lengths, the last the proposer built
+    (a drafter whose positions do not move, Gemma 4's MTP, builds them once for all its
+    passes); its row (``<draft>``, by the pass's tokens) is charged the drafter's own
+    attention layers at them, and timed (the clock's token; None: a dummy pass, which
+    counts nothing, or a warm-up)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
-    from fxflops.integrations.vllm.forward import count_lengths, end_step
+    from fxflops.integrations.vllm.forward import (
+        attention_terms,
+        clock_of,
+        count_lengths,
+        end_step,
+    )
+    from fxflops.outputs.session import recorder
+    from fxflops.recording.runtime_costs import charge_runtime
 
     end_step()
     lengths = getattr(proposer, _LENGTHS, None)
     if lengths is None or not is_forward_context_available() or \
             get_forward_context().attn_metadata is None:
-        return
+        return None
     count_lengths(proposer.vllm_config, *lengths)
+    ids = kwargs.get("positions")
+    if ids is None:
+        ids = kwargs.get("input_ids")
+    if ids is None:
+        return None
+    row = recorder().draft_forward_row(int(ids.shape[-1]))
+    if row is None:
+        return None
+    if not row.runtime_terms:
+        dtype = getattr(proposer, "dtype", None) or proposer.vllm_config.model_config.dtype
+        row.runtime_terms = attention_terms(proposer.vllm_config, dtype, model)
+        row.runtime_by_kind = {}
+    charge_runtime(row)
+    return clock_of(proposer).start(row)
 
 
 def install_drafter_hooks() -> None:

@@ -112,39 +112,37 @@ def layer_cache_bytes(layer: str | None) -> int | None:
 
 
 def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
+    """The run-time terms of the target's attention layers (``attention_terms``): its own
+    model's (the forward context also holds a speculative decoder's drafter layers, which
+    the target never runs)."""
+    try:
+        model = runner.get_model()
+    except Exception:
+        model = None
+    return attention_terms(runner.vllm_config, runner.model_config.dtype, model)
+
+
+def attention_terms(vllm_config: Any, dtype: Any, model: Any
+                    ) -> list[tuple[str, str | None, int, int]]:
     """("attention", layer name, FLOPs per pair, KV bytes per context token) of every
-    attention layer of this rank, read off the layers themselves (whole-forward rows:
+    attention layer of ``model`` on this rank (every layer of the forward context where
+    ``model`` is not a module), read off the layers themselves (whole-forward rows:
     attention runs outside piecewise graphs); the arithmetic is ``formulas_vllm``'s."""
     import torch
 
     from fxflops.cost.formulas.vllm import attention_costs
 
-    layers = runner.vllm_config.compilation_config.static_forward_context
-    elem = torch.empty((), dtype=runner.model_config.dtype).element_size()
-    own = _model_modules(runner)
+    layers = vllm_config.compilation_config.static_forward_context
+    elem = torch.empty((), dtype=dtype).element_size()
+    own = {id(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else None
     terms: list[tuple[str, str | None, int, int]] = []
     for name, layer in layers.items():
-        if own is not None and id(layer) not in own:  # a drafter's layer: not this forward
+        if own is not None and id(layer) not in own:  # another model's layer
             continue
-        costs = attention_costs(layer, elem, runner.vllm_config)
+        costs = attention_costs(layer, elem, vllm_config)
         if costs is not None:
             terms.append(("attention", name, *costs))
     return terms
-
-
-def _model_modules(runner: Any) -> set[int] | None:
-    """The ids of the runner's own model's modules: the forward's layers. The forward
-    context also holds a speculative decoder's drafter layers, which the target never runs.
-    None: no model to tell by (every layer counts)."""
-    import torch
-
-    try:
-        model = runner.get_model()
-    except Exception:
-        return None
-    if not isinstance(model, torch.nn.Module):
-        return None
-    return {id(m) for m in model.modules()}
 
 
 def other_ranks_tokens(window: int | None = None) -> tuple[int, int] | None:
