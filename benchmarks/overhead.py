@@ -186,10 +186,14 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
 
     a = graph_args(x)
     hots = {}
+    before = os.environ.get("FXFLOPS_SAMPLE_EVERY")
     for every in ("16", "1"):  # the default stride (read when a graph is made); every call
         os.environ["FXFLOPS_SAMPLE_EVERY"] = every
         hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
-        os.environ.pop("FXFLOPS_SAMPLE_EVERY")
+        if before is None:
+            os.environ.pop("FXFLOPS_SAMPLE_EVERY")
+        else:
+            os.environ["FXFLOPS_SAMPLE_EVERY"] = before
         for _ in range(WARM_CALLS):
             hots[every](*a)
     per_call_ns(shape, a, 20_000), per_call_ns(hots["16"], a, 20_000)

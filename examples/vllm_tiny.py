@@ -139,11 +139,12 @@ def main() -> None:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--mfu-metrics", action="store_true",
                    help="vLLM's own estimate of each step (--enable-mfu-metrics)")
-    p.add_argument("--ngram", type=int, default=0, metavar="K",
-                   help="speculative decoding by n-gram lookup, K draft tokens a step")
-    p.add_argument("--draft", type=int, default=0, metavar="K",
-                   help="speculative decoding by a draft model (a one-layer tiny Llama of the "
-                        "same vocabulary, its own dummy weights), K draft tokens a step")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--ngram", type=int, default=0, metavar="K",
+                      help="speculative decoding by n-gram lookup, K draft tokens a step")
+    spec.add_argument("--draft", type=int, default=0, metavar="K",
+                      help="speculative decoding by a draft model (a one-layer tiny Llama of "
+                           "the same vocabulary, its own dummy weights), K draft tokens a step")
     p.add_argument("--lora", type=int, default=0, metavar="R",
                    help="serve the prompts through a LoRA adapter of rank R on every "
                         "attention projection (made here, random weights)")

@@ -121,9 +121,9 @@ WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
 # (the demo, a test, the tuner's sweep) time every call; a server's steady state samples
 TIMED_FIRST = 16
 SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _power_of_two, 16,
-                        f"after a (graph, size)'s first {TIMED_FIRST} calls, time one call in "
-                        "this many and count every one (1: time every call; the CPU clock's "
-                        "path; see [conventions.md](conventions.md))")
+                        f"after a (graph, size)'s first {TIMED_FIRST} calls (or this many, if "
+                        "more), time one call in this many and count every one (1: time every "
+                        "call; the CPU clock's path; see [conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,

@@ -376,16 +376,19 @@ class SteppingClock:
         return k * 10**9 + end * (k + 1) * 1000
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["grad-off", "grad-on-boxed"])
+SAMPLING = [(4, 102, False, 16, 38), (4, 102, True, 16, 38), (64, 300, False, 64, 68)]
+
+
+@pytest.mark.parametrize("every,calls,grad,first,timed", SAMPLING,
+                         ids=["every4-grad-off", "every4-grad-on-boxed", "every64"])
 def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
-        grad, monkeypatch, tmp_path):
+        every, calls, grad, first, timed, monkeypatch, tmp_path):
     """Through torch.compile (grad on: AOTAutograd's boxed forward graph), with
     FXFLOPS_SAMPLE_EVERY=4: every call of a size is counted; its first 16 are timed, then
-    the 16th, 20th, ... of its calls; a sample stands for itself and the 3 calls after it
-    in the total, and the window holds the samples in the order they were taken."""
-    from fxflops import config
-
-    every, calls = 4, 102
+    the 17th, 21st, ... (0-based 16, 20, ...); a sample stands for itself and the 3
+    calls after it in the total, and the window holds the samples in the order they were
+    taken. With 64, more than the 16 calls timed first: the first 64 are timed, then the
+    65th, 129th, ... (a sample never stands for calls before it)."""
     monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", str(every))  # read when a graph is made
     clock = SteppingClock()
     monkeypatch.setattr(wrap, "_now", clock)
@@ -399,16 +402,15 @@ def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
     (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
     assert graph.meta.get("phase") == ("forward" if grad else None)
     (row,) = graph.rows.values()
-    # by hand: 16 calls, then those at 16, 20, ..., 100 (22)
-    sampled = [n for n in range(config.TIMED_FIRST, calls) if n % every == 0]
-    timed = config.TIMED_FIRST + len(sampled)
-    assert (row.count, row.samples_taken) == (calls, timed) == (102, 38)
+    # by hand: the first calls, then those at multiples of ``every`` (0-based)
+    sampled = [n for n in range(first, calls) if n % every == 0]
+    assert (row.count, row.samples_taken) == (calls, first + len(sampled)) == (calls, timed)
     assert list(row.samples()) == [(k + 1) * 1000 for k in range(timed)]
-    first_ns = sum((k + 1) * 1000 for k in range(config.TIMED_FIRST))
-    sampled_ns = sum((k + 1) * 1000 * every for k in range(config.TIMED_FIRST, timed))
+    first_ns = sum((k + 1) * 1000 for k in range(first))
+    sampled_ns = sum((k + 1) * 1000 * every for k in range(first, timed))
     assert row.total_ns == first_ns + sampled_ns
     # the calls the samples stand for: the calls made, and at most every - 1 ahead of them
-    assert calls <= config.TIMED_FIRST + every * len(sampled) < calls + every
+    assert calls <= first + every * len(sampled) < calls + every
     path = fxflops.recorder().save(tmp_path / "r.json")
     (saved,) = [r for g in fxflops.load_report(path)["graphs"] for r in g["rows"]
                 if g["meta"].get("phase") != "backward"]

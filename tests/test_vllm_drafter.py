@@ -191,3 +191,49 @@ def test_a_drafter_pass_reads_its_lengths_from_the_host_only():
     fixed = on_device.replace(seq_lens_cpu_upper_bound=extended.seq_lens.clone())
     assert [x.tolist() for x in pass_lengths(fixed, extension=1)] == [[4, 2], [16, 39]]
     assert pass_lengths(on_device.replace(seq_lens_cpu_upper_bound=None)) is None
+
+
+def test_a_drafter_pass_is_a_forward_of_its_own_at_its_own_lengths():
+    """Through vLLM's real classes: a proposer made (here Gemma 4's MTP proposer, which
+    builds its attention metadata without calling the base's) hooks that builder in its
+    own class and the forward context of its module's base; a pass run inside
+    ``set_forward_context(per-layer metadata, ...)`` is a ``<draft>`` row of the pass's
+    tokens, charged the layers the metadata names (the drafter's third layer, not the
+    target's two) at the lengths the proposer built, by hand; a dummy pass (no metadata)
+    counts nothing; the target's forward context (the runner's module) is vLLM's own."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.spec_decode import gemma4, llm_base_proposer
+    from vllm.v1.worker import gpu_model_runner
+
+    from fxflops.integrations.vllm import drafter, forward, hooks
+
+    cfg = config_with_cache("auto")
+    with set_current_vllm_config(cfg):
+        for i in range(3):
+            Attention(HEADS, HEAD, HEAD ** -0.5, num_kv_heads=KV_HEADS,
+                      cache_config=cfg.cache_config, prefix=f"model.layers.{i}.self_attn.attn")
+    proposer = object.__new__(gemma4.Gemma4Proposer)
+    proposer.device = torch.device("cpu")
+    forward.install_attention_coster()
+    try:
+        drafter.install_drafter_hooks()
+        drafter._hook_proposer({"self": proposer}, None)
+        own = gemma4.Gemma4Proposer.__dict__["build_per_group_and_layer_attn_metadata"]
+        assert "drafter" in own._fxflops_tags
+        assert "drafter" in llm_base_proposer.set_forward_context._fxflops_tags
+        assert not getattr(gpu_model_runner.set_forward_context, "_fxflops", False)
+        drafter._pending.lengths = (np.array([3, 1]), np.array([16, 39]))
+        drafter._pending.proposer = proposer
+        with llm_base_proposer.set_forward_context(
+                {"model.layers.2.self_attn.attn": object()}, cfg, num_tokens=4):
+            pass
+        with llm_base_proposer.set_forward_context(None, cfg, num_tokens=4):
+            pass  # a dummy pass
+    finally:
+        hooks.uninstall()
+    (row,) = fxflops.recorder().forwards_snapshot("draft")
+    assert (row.size, row.count) == (4, 1) and row.samples_taken == 1
+    per_pair = 2 * HEADS * HEAD * 2  # QK^T and PV, one layer
+    assert row.runtime_flops == per_pair * ((3 * 16 + 3 * 4 // 2) + (1 * 39 + 1))
+    assert fxflops.recorder().forwards_snapshot() == []  # the target's: none

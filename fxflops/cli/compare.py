@@ -12,7 +12,7 @@ from fxflops.cli.tables import fmt_num, make_console
 from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps
-from fxflops.report.rows import flat_rows
+from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 
@@ -78,7 +78,7 @@ def compare_rows(base: dict, new: dict, force: bool = False) -> list[dict[str, A
 
 def _order(key: tuple[str, str]) -> tuple[Any, ...]:
     g, s = key
-    return (g != "<forward>", g, size_order(int(s) if s.isdigit() else s))
+    return (g not in WHOLE_FORWARDS, g, size_order(int(s) if s.isdigit() else s))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from fxflops.recording.size_stats import parse_size
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows
-from fxflops.report.rows import flat_rows
+from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
 from fxflops.report.schema import ReportError
 from fxflops.util import write_output
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         rs.sort(key=lambda r: tokens(r) or 0)
         sizes = [tokens(r) for r in rs]
         ax_t.plot(sizes, [r["median_ms"] for r in rs], marker="o", label=_label(name))
-        if not name.startswith("<forward>"):
+        if not name.startswith(WHOLE_FORWARDS):  # (whole forwards: their time only)
             ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o",
                        label=_label(name))
             pts = [(r["flops"] / r["bytes_io"], (r.get("tflops") or 0) * 1e3) for r in rs

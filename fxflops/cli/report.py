@@ -19,7 +19,7 @@ from fxflops.placement import place_of
 from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps, merged_anything
-from fxflops.report.rows import flat_rows
+from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 from fxflops.util import write_output
@@ -45,10 +45,7 @@ EXIT_SKIPPED = 3
 COLUMNS = ["rank", "graph", "size", "calls", "median_ms", "p90_ms", "flops", "matmul_flops",
            "bytes_io", "tflops", "gbps", "mfu", "intensity", "bound", "outside_share", "run", "place",
            "stage", "warmup",
-           "phase", "recomputed_flops", "hfu", "padding_share"]
-
-
-WHOLE_FORWARDS = ("<forward>", "<draft>")
+           "phase", "recomputed_flops", "hfu", "padding_share", "workload"]
 
 
 def forward_outside_share(rows: list[dict[str, Any]]) -> None:
@@ -326,7 +323,7 @@ def _place(report: dict[str, Any]) -> str:
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["rank"] == "all", _where(r), r["graph"] in ("<forward>", "<pipeline>"),
+    return (r["rank"] == "all", _where(r), r["graph"] in (*WHOLE_FORWARDS, "<pipeline>"),
             r["graph"], r.get("warmup") or "", size_order(r["size"]))
 
 

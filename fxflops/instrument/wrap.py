@@ -367,18 +367,21 @@ def hot_function(graph: InstrumentedGraph
     closure reads its cells where the object's ``__call__`` pays a slot call and an
     instance-dict read per attribute (benchmarks/overhead.py).
 
-    Per call: the size key, one dict lookup, the count. A size's first ``TIMED_FIRST``
-    calls are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and
-    ``SizeStats.add`` inlined, the sample standing for itself and the ``every - 1`` calls
-    after it in the total. The others pay no clock: the clock and the sample are most of
+    Per call: the size key, one dict lookup, the count (as the call returns: one that
+    raises is not counted, as on every path). A size's first ``TIMED_FIRST`` calls (or
+    ``every``, if more) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
+    clock reads and ``SizeStats.add`` inlined, the sample standing for itself and the
+    ``every - 1`` calls after it in the total. The others pay no clock: the clock and the sample are most of
     the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
     new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
     what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, graph._run, _now
-    first = config.TIMED_FIRST
     every = config.SAMPLE_EVERY.get()
     mask, shift = every - 1, every.bit_length() - 1
+    # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples,
+    # each sample standing for the ``every`` calls from it
+    first = -(-config.TIMED_FIRST // every) * every
 
     if graph.boxed:
         def call(args: list[Any]) -> Any:
@@ -389,9 +392,10 @@ def hot_function(graph: InstrumentedGraph
                     raise
                 return graph._on_miss(args)
             n = row.count
-            row.count = n + 1
-            if n & mask and n >= first:
-                return run(args)
+            if n & mask and n >= first:  # not sampled: counted (as it returns) only
+                out = run(args)
+                row.count = n + 1
+                return out
             t0 = now()
             out = run(args)
             ns = now() - t0
@@ -399,6 +403,7 @@ def hot_function(graph: InstrumentedGraph
             row.window[t % row.cap] = ns
             row.total_ns += ns << shift if n >= first else ns
             row.timed = t + 1
+            row.count = n + 1
             return out
 
         call._boxed_call = True  # type: ignore[attr-defined]
@@ -411,9 +416,10 @@ def hot_function(graph: InstrumentedGraph
                     raise
                 return graph._on_miss(args)
             n = row.count
-            row.count = n + 1
-            if n & mask and n >= first:  # not sampled: counted only
-                return run(*args)
+            if n & mask and n >= first:  # not sampled: counted (as it returns) only
+                out = run(*args)
+                row.count = n + 1
+                return out
             t0 = now()
             out = run(*args)
             ns = now() - t0
@@ -421,6 +427,7 @@ def hot_function(graph: InstrumentedGraph
             row.window[t % row.cap] = ns
             row.total_ns += ns << shift if n >= first else ns
             row.timed = t + 1
+            row.count = n + 1
             return out
 
     def rebind(new_rows: dict[Any, SizeStats]) -> None:

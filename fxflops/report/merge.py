@@ -33,7 +33,11 @@ from fxflops.report.figures import throughput
 _WORK = ("flops", "matmul_flops", "runtime_flops", "bytes_io", "bytes_nodes",
          "recomputed_flops", "recomputed_matmul_flops", "estimated_flops")
 # done over all calls: added over every process
-_TOTALS = ("total_flops", "total_matmul_flops", "total_bytes")
+_TOTALS = ("total_flops", "total_matmul_flops", "total_bytes", "total_runtime_flops",
+           "total_runtime_bytes")
+# calls timed, and calls whose time never came: added like the calls over shards and
+# replicas (a pipeline's row counts batches through every stage: they are left out)
+_COUNTS = ("timed_calls", "lost_samples")
 _TIMES = ("median_ms", "p10_ms", "p90_ms")
 
 
@@ -94,7 +98,7 @@ def _shards(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]
     shards = list(first_of_shard.values())
     dp, pp, _ = _coords(group[0])
     m = {**group[0], "_dp": dp, "_pp": pp, "ranks": len(shards), "_devices": len(shards)}
-    for f in ("calls", "total_ms"):
+    for f in ("calls", "total_ms", *_COUNTS):
         m[f] = sum(r.get(f) or 0 for r in group)
     for f in _WORK:
         m[f] = sum(r.get(f) or 0 for r in shards)
@@ -121,7 +125,7 @@ def _replicas(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, An
 
     m = {**group[0]}
     m["calls"] = sum(r.get("calls") or 0 for r in group)
-    for f in ("total_ms", *_TOTALS):
+    for f in ("total_ms", *_TOTALS, *_COUNTS):
         m[f] = sum(r.get(f) or 0 for r in group)
     for f in (*_WORK, *_TIMES):
         m[f] = mean(f)
@@ -147,7 +151,8 @@ def _pipelines(stage_rows: list[dict[str, Any]], stages: int, peak: dict[str, An
             continue
         if len(present) < stages:  # not every stage ran this size: no whole model here
             continue
-        m = {k: v for k, v in group[0].items() if k not in ("outside_share", "graphs_ms")}
+        m = {k: v for k, v in group[0].items()
+             if k not in ("outside_share", "graphs_ms", *_COUNTS)}
         m.update(graph="<pipeline>", rank="all")
         per_stage_calls = [sum(r["calls"] for r in group if r["_pp"] == pp) for pp in present]
         m["calls"] = min(per_stage_calls)  # batches that went through every stage

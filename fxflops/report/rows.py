@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 
 
 
+# the rows of whole forwards (vLLM): the target's, and a speculative decoder's drafter
+# passes; the other rows are graphs'
+WHOLE_FORWARDS = ("<forward>", "<draft>")
+
+
 def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[str, Any]]:
     """Every (graph, size) row of every report, tagged with its run, process and placement;
     with ``warmup``, the warm-up rows too (each with its ``warmup`` phase).

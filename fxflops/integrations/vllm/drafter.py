@@ -1,34 +1,44 @@
-"""A speculative decoder's drafter forwards: their attention counted from the drafter's own
-lengths, not the target's.
+"""A speculative decoder's drafter passes: each a whole forward of its own (``<draft>``),
+its attention counted from the drafter's own lengths, not the target's.
 
-vLLM's V1 proposers (``SpecDecodeBaseProposer``: EAGLE, EAGLE-3, MTP, a draft model) run
-the drafter after the target's forward, once per draft token: the first pass over the
-target's tokens of the step (EAGLE: those it kept; a draft model: all it verified, the
-rejected ones masked, and one more slot per request), each later one a token per
-request, one position further. Before each pass the proposer builds the pass's attention
-metadata from a ``CommonAttentionMetadata`` (``build_per_group_and_layer_attn_metadata``):
-its lengths are read there from host-side tensors (``pass_lengths``), and set for the
-attention nodes of the drafter's graphs during its forward (a pre- and post-hook on the
-drafter module, torch's own). Each pass is also a whole-forward row of its own
-(``<draft>``, by the pass's tokens: the report's ``draft_forward``), timed, its FLOPs the
-drafter's graphs' at that size plus the drafter's attention layers at the pass's lengths
-(in mode 3 attention runs between the pieces, outside any graph: only this row holds it).
-A dummy or profiling pass (no attention metadata) counts nothing.
-On a GPU the sequence lengths are vLLM's host upper bound (exact but under asynchronous
-scheduling, where it assumes every draft was accepted).
+vLLM's V1 proposers (``SpecDecodeBaseProposer`` and its subclasses: EAGLE, EAGLE-3, MTP,
+a draft model, DFlash, ...) run the drafter after the target's forward, once per draft
+token: the first pass over the target's tokens of the step (EAGLE: those it kept; a
+draft model: all it verified, the rejected ones masked, and one more slot per request),
+each later one a token per request, one position further. Two seams, each one every
+proposer goes through:
+
+- before each pass the proposer builds the pass's attention metadata from a
+  ``CommonAttentionMetadata`` (``build_per_group_and_layer_attn_metadata``, patched in
+  every class that defines it: Gemma 4's and Step3p5's override it without calling the
+  base): the pass's lengths are read there from host-side tensors (``pass_lengths``);
+- each pass runs inside ``set_forward_context(per_layer_attn_metadata, ...)`` of the
+  proposer's own module (patched there only, in the modules of the proposer's classes,
+  when a proposer is made: the target's runner keeps vLLM's): the pass's row is charged
+  the drafter's attention layers (the metadata's layer names) at those lengths and
+  timed, and the drafter's graphs' attention nodes count the same lengths meanwhile.
+  (A drafter class that vLLM compiles whole, as most MTP modules, calls its ``forward``
+  without torch's module hooks: the forward context is the seam they share.)
+
+A dummy or profiling pass (no attention metadata) counts nothing. On a GPU the sequence
+lengths are vLLM's host upper bound: later passes of a padded drafter batch (vLLM's GPU
+default) count each request's rejected drafts as context, and under asynchronous
+scheduling every draft is assumed accepted.
 """
 
 from __future__ import annotations
 
-import weakref
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-from fxflops.integrations.vllm.hooks import _patch, passthrough
+from fxflops.integrations.vllm.hooks import _patch, arguments, passthrough
 from fxflops.util import warn_once
 
-_LENGTHS = "_fxflops_draft_lengths"
-# drafter modules already hooked (a proposer that loads its model again hooks it once)
-_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
+# the last pass's lengths the proposer built on this thread, and that proposer
+_pending = threading.local()
 
 
 def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
@@ -55,61 +65,34 @@ def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
     return query, total - query
 
 
-def _note_lengths(named: dict[str, Any], _result: Any) -> None:
+def _note_lengths(named: dict[str, Any]) -> None:
+    _pending.lengths = None  # (a pass whose lengths cannot be read counts none)
     proposer = named["self"]
+    cad = named.get("common_attn_metadata", named.get("cad"))
     extension = getattr(proposer, "net_num_new_slots_per_request", 0) \
         if getattr(proposer, "needs_extra_input_slots", False) else 0
-    lengths = pass_lengths(named["common_attn_metadata"], int(extension or 0))
+    lengths = pass_lengths(cad, int(extension or 0))
     if lengths is None:
         warn_once("vllm-draft-lengths", "fxflops: the drafter's attention is not counted "
                   "(vLLM kept no host copy of its lengths)")
-    setattr(proposer, _LENGTHS, lengths)
+    _pending.lengths, _pending.proposer = lengths, proposer
 
 
-def _hook_model(named: dict[str, Any], _result: Any) -> None:
-    """After the proposer loaded its drafter: hooks around the drafter module's forward."""
-    import torch
-
-    proposer = named["self"]
-    model = proposer.model
-    unwrap = getattr(model, "unwrap", None)  # (a CUDA-graph wrapper around it)
-    if not isinstance(model, torch.nn.Module) and unwrap is not None:
-        model = unwrap()
-    if not isinstance(model, torch.nn.Module) or model in _HOOKED:
-        return
-    passes: list[Any] = []  # the pass in progress (its clock's token), if timed
-
-    def before(_module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        try:
-            passes.append(_begin_pass(proposer, model, kwargs))
-        except Exception as e:
-            passes.append(None)
-            warn_once("vllm-draft-pass", "fxflops: the drafter's passes are not counted "
-                      "(%s: %s)", type(e).__name__, e)
-
-    def after(_module: Any, _args: Any, _out: Any) -> None:
-        from fxflops.integrations.vllm.forward import clock_of, end_step
-
-        token = passes.pop() if passes else None
-        try:
-            if token is not None:
-                clock_of(proposer).stop(token)
-        finally:
-            end_step()
-
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    model.register_forward_hook(after, always_call=True)
-    _HOOKED.add(model)
+def _layer_names(attn_metadata: Any) -> set[str]:
+    """The layers a pass's attention metadata is for (per layer, or per micro-batch)."""
+    if isinstance(attn_metadata, dict):
+        return set(attn_metadata)
+    if isinstance(attn_metadata, (list, tuple)):
+        return {name for part in attn_metadata if isinstance(part, dict) for name in part}
+    return set()
 
 
-def _begin_pass(proposer: Any, model: Any, kwargs: dict[str, Any]) -> Any:
-    """A drafter pass: its attention nodes count its lengths, the last the proposer built
-    (a drafter whose positions do not move, Gemma 4's MTP, builds them once for all its
-    passes); its row (``<draft>``, by the pass's tokens) is charged the drafter's own
+def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
+    """A drafter pass: its attention nodes count its lengths, the last the proposer
+    built (a drafter whose positions do not move, Gemma 4's MTP, builds them once for all
+    its passes); its row (``<draft>``, by the pass's tokens) is charged the drafter's own
     attention layers at them, and timed (the clock's token; None: a dummy pass, which
     counts nothing, or a warm-up)."""
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
     from fxflops.integrations.vllm.forward import (
         attention_terms,
         clock_of,
@@ -120,25 +103,73 @@ def _begin_pass(proposer: Any, model: Any, kwargs: dict[str, Any]) -> Any:
     from fxflops.recording.runtime_costs import charge_runtime
 
     end_step()
-    lengths = getattr(proposer, _LENGTHS, None)
-    if lengths is None or not is_forward_context_available() or \
-            get_forward_context().attn_metadata is None:
+    lengths = getattr(_pending, "lengths", None)
+    if lengths is None or attn_metadata is None or num_tokens is None:
         return None
-    count_lengths(proposer.vllm_config, *lengths)
-    ids = kwargs.get("positions")
-    if ids is None:
-        ids = kwargs.get("input_ids")
-    if ids is None:
-        return None
-    row = recorder().draft_forward_row(int(ids.shape[-1]))
+    count_lengths(vllm_config, *lengths)
+    row = recorder().draft_forward_row(int(num_tokens))
     if row is None:
         return None
     if not row.runtime_terms:
-        dtype = getattr(proposer, "dtype", None) or proposer.vllm_config.model_config.dtype
-        row.runtime_terms = attention_terms(proposer.vllm_config, dtype, model)
+        names = _layer_names(attn_metadata)
+        row.runtime_terms = attention_terms(vllm_config, vllm_config.model_config.dtype,
+                                            lambda name, _layer: name in names)
         row.runtime_by_kind = {}
     charge_runtime(row)
-    return clock_of(proposer).start(row)
+    return clock_of(_pending.proposer).start(row)
+
+
+def _end_pass(token: Any) -> None:
+    from fxflops.integrations.vllm.forward import clock_of, end_step
+
+    try:
+        if token is not None:
+            clock_of(_pending.proposer).stop(token)
+    except Exception as e:
+        warn_once("vllm-draft-pass-end", "fxflops: a drafter pass not timed (%s: %s)",
+                  type(e).__name__, e)
+    finally:
+        end_step()
+
+
+def _drafter_forward_context(original: Any) -> Any:
+    """vLLM's ``set_forward_context``, as a proposer's module calls it: the pass it holds
+    counted (``_begin_pass``) and timed, never in the way of the pass itself."""
+
+    @contextlib.contextmanager
+    def set_forward_context(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with original(*args, **kwargs) as context:
+            token = None
+            try:
+                named = arguments(original, args, kwargs)
+                token = _begin_pass(named["attn_metadata"], named["vllm_config"],
+                                    named.get("num_tokens"))
+            except Exception as e:
+                warn_once("vllm-draft-pass", "fxflops: the drafter's passes are not "
+                          "counted (%s: %s)", type(e).__name__, e)
+            try:
+                yield context
+            finally:
+                _end_pass(token)
+
+    return set_forward_context
+
+
+def _hook_proposer(named: dict[str, Any], _result: Any) -> None:
+    """(A proposer was made.) Hook the forward context of its classes' modules, and the
+    attention metadata each of its classes builds."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    for cls in type(named["self"]).__mro__:
+        if not (isinstance(cls, type) and issubclass(cls, SpecDecodeBaseProposer)):
+            continue
+        if callable(cls.__dict__.get("build_per_group_and_layer_attn_metadata")):
+            _patch(cls, "build_per_group_and_layer_attn_metadata", "drafter",
+                   lambda original: passthrough(original, before=_note_lengths,
+                                                what="drafter attention lengths"))
+        module = sys.modules.get(cls.__module__)
+        if module is not None and callable(getattr(module, "set_forward_context", None)):
+            _patch(module, "set_forward_context", "drafter", _drafter_forward_context)
 
 
 def install_drafter_hooks() -> None:
@@ -146,8 +177,6 @@ def install_drafter_hooks() -> None:
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     except Exception:  # a vLLM without V1's proposers (or one that moved them)
         return
-    _patch(SpecDecodeBaseProposer, "build_per_group_and_layer_attn_metadata", "drafter",
-           lambda original: passthrough(original, after=_note_lengths,
-                                        what="drafter attention lengths"))
-    _patch(SpecDecodeBaseProposer, "load_model", "drafter",
-           lambda original: passthrough(original, after=_hook_model, what="drafter forward"))
+    # (every proposer's ``__init__`` calls the base's)
+    _patch(SpecDecodeBaseProposer, "__init__", "drafter",
+           lambda original: passthrough(original, after=_hook_proposer, what="drafter passes"))

@@ -25,6 +25,7 @@ import functools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
@@ -115,29 +116,32 @@ def attention_layers(runner: Any) -> list[tuple[str, str | None, int, int]]:
     """The run-time terms of the target's attention layers (``attention_terms``): its own
     model's (the forward context also holds a speculative decoder's drafter layers, which
     the target never runs)."""
+    import torch
+
     try:
         model = runner.get_model()
     except Exception:
         model = None
-    return attention_terms(runner.vllm_config, runner.model_config.dtype, model)
+    own = {id(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else None
+    return attention_terms(runner.vllm_config, runner.model_config.dtype,
+                           lambda _name, layer: own is None or id(layer) in own)
 
 
-def attention_terms(vllm_config: Any, dtype: Any, model: Any
+def attention_terms(vllm_config: Any, dtype: Any, keep: Callable[[str, Any], bool]
                     ) -> list[tuple[str, str | None, int, int]]:
-    """("attention", layer name, FLOPs per pair, KV bytes per context token) of every
-    attention layer of ``model`` on this rank (every layer of the forward context where
-    ``model`` is not a module), read off the layers themselves (whole-forward rows:
-    attention runs outside piecewise graphs); the arithmetic is ``formulas_vllm``'s."""
+    """("attention", layer name, FLOPs per pair, KV bytes per context token) of the
+    attention layers of this rank's forward context that ``keep(name, layer)``, read off
+    the layers themselves (whole-forward rows: attention runs outside piecewise graphs);
+    the arithmetic is ``formulas_vllm``'s."""
     import torch
 
     from fxflops.cost.formulas.vllm import attention_costs
 
     layers = vllm_config.compilation_config.static_forward_context
     elem = torch.empty((), dtype=dtype).element_size()
-    own = {id(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else None
     terms: list[tuple[str, str | None, int, int]] = []
     for name, layer in layers.items():
-        if own is not None and id(layer) not in own:  # another model's layer
+        if not keep(name, layer):  # another model's layer
             continue
         costs = attention_costs(layer, elem, vllm_config)
         if costs is not None:
