@@ -43,6 +43,21 @@ def test_two_ranks_merge_every_figure():
     assert m["roofline_share"] == pytest.approx(2.0 / 5.0)
 
 
+def test_merged_rows_add_timed_calls_and_run_time_totals():
+    """Shards (two ranks) and processes of one rank: calls timed, calls lost and the
+    run-time totals add like the calls (a CPU samples calls: timed differs from calls)."""
+    rank0 = {**_row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=4.0, calls=100),
+             "timed_calls": 21, "lost_samples": 0, "total_runtime_flops": 700,
+             "total_runtime_bytes": 70}
+    rank1 = {**rank0, "rank": 1, "pid": 101, "timed_calls": 22, "lost_samples": 3,
+             "total_runtime_flops": 900, "total_runtime_bytes": 90}
+    (m,) = merge_rows([rank0, rank1])
+    assert (m["calls"], m["timed_calls"], m["lost_samples"]) == (200, 43, 3)
+    assert (m["total_runtime_flops"], m["total_runtime_bytes"]) == (1600, 160)
+    (m,) = merge_rows([rank0, {**rank1, "rank": 0, "pid": 7}])
+    assert (m["calls"], m["timed_calls"], m["total_runtime_flops"]) == (200, 43, 1600)
+
+
 def test_two_processes_of_one_rank_add_calls_not_work():
     a = _row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=4.0, calls=10)
     b = {**_row(0, flops=6e9, matmul=5e9, bytes_io=2e9, median_ms=3.0, calls=5), "pid": 7}
