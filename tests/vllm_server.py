@@ -3,6 +3,7 @@ test_vllm_parallel): fxflops on, in its own process group, stopped with its chil
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -121,9 +122,16 @@ class Server:
         answer came back; an idle server runs none)."""
         from fxflops.report.files import load_reports
 
+        # only reports written after this call: a flush before the last answer came back
+        # (a busy host may hold the workers' flush thread back) would agree with its own
+        # metrics and look settled
+        since = time.time()
         before = metrics = None
         for _ in range(30):
             time.sleep(1)
+            written = [os.path.getmtime(f) for f in glob.glob(os.path.join(self.out, "*.json"))]
+            if not written or min(written) < since:
+                continue
             try:
                 reports = load_reports([self.out])
             except Exception:  # no report yet
