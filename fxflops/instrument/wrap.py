@@ -371,10 +371,10 @@ def hot_function(graph: InstrumentedGraph
     raises is not counted, as on every path). A size's first ``TIMED_FIRST`` calls (or
     ``every``, if more) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
     clock reads and ``SizeStats.add`` inlined, the sample standing for itself and the
-    ``every - 1`` calls after it in the total. The others pay no clock: the clock and the sample are most of
-    the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
-    new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
-    what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
+    ``every - 1`` calls after it in the total. The others pay no clock: the clock and the
+    sample are most of the bookkeeping's cost, and a median needs a sample, not every
+    call. Anything else (a new size, a graph that gave up) goes to the object's
+    ``_on_miss``, whose class says what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, graph._run, _now
     every = config.SAMPLE_EVERY.get()

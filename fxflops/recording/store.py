@@ -182,6 +182,15 @@ class UninstrumentedGraph:
         self.calls = 0
 
 
+def _row_of(rows: dict[int, SizeStats], size: int) -> SizeStats:
+    """A whole forward's row of ``size`` in ``rows``, made at its first step (setdefault:
+    two threads that make it keep one)."""
+    row = rows.get(size)
+    if row is None:
+        row = rows.setdefault(size, SizeStats((size,), size))
+    return row
+
+
 class Recorder:
     """The process's graphs and rows (``fxflops.outputs.session.Session`` adds the outputs)."""
 
@@ -248,21 +257,14 @@ class Recorder:
             return next(self._ids)
 
     def forward_row(self, size: int) -> SizeStats:
-        rows = self._active_forwards
-        row = rows.get(size)
-        if row is None:
-            row = rows.setdefault(size, SizeStats((size,), size))
-        return row
+        return _row_of(self._active_forwards, size)
 
     def draft_forward_row(self, size: int) -> SizeStats | None:
         """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are
         dummy passes, which count nothing)."""
         if self._active_forwards is not self.forwards:
             return None
-        row = self.draft_forwards.get(size)
-        if row is None:
-            row = self.draft_forwards.setdefault(size, SizeStats((size,), size))
-        return row
+        return _row_of(self.draft_forwards, size)
 
     # --- warm-up ------------------------------------------------------------------------
 
