@@ -5,8 +5,9 @@
 1. **What users pay**, through ``torch.compile`` as they call it, in every call style:
    Inductor and eager inside; grad mode off and on (a module whose weights need grad:
    with grad on, Dynamo's graph needs a backward, and fxflops times AOTAutograd's forward
-   graph); one size, and three sizes in turn. Four compiles of the same module per style,
-   called in rotation so that each sees the same machine state:
+   graph); one size, and three sizes in turn. Five compiles of the same module per
+   style, called in rotation so that each sees the same machine state, and compiled
+   afresh each round (``call_style`` says why):
 
    - ``bare``: ``torch.compile(m, backend=inner)``;
    - ``bare again``: a second bare compile (the A/A control: what this machine's noise and
@@ -83,23 +84,19 @@ def floor_backend(inner: str) -> Any:
     return compile_graph
 
 
-def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
-    """The four variants of one style, called in rotation; the medians of the per-round
-    differences (ns) and the bare call's median."""
+def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
+                      order: list[int]) -> list[Any]:
+    """The five variants of one style, compiled afresh (in ``order``) and warmed past a
+    size's first calls; returned in ``VARIANTS`` order."""
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    backends = {"bare": inner, "bare again": inner, "floor": floor_backend(inner),
-                "fxflops": fxflops.backend(inner=inner), "timed": fxflops.backend(inner=inner)}
-    fns = [torch.compile(Block(), backend=b, dynamic=True) for b in backends.values()]
-    inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
-    now = time.perf_counter_ns
-    diffs: dict[str, list[float]] = {"bare again": [], "floor": [], "fxflops": [],
-                                     "fxflops - floor": [], "timed": []}
-    bare_ms: list[float] = []
+    backends = [inner, inner, floor_backend(inner), fxflops.backend(inner=inner),
+                fxflops.backend(inner=inner)]
+    fns: list[Any] = [None] * len(backends)
     with torch.set_grad_enabled(grad):
-        for name, fn in zip(backends, fns):  # compiled, and warm
+        for v in order:
+            fns[v] = fn = torch.compile(Block(), backend=backends[v], dynamic=True)
             every = os.environ.get("FXFLOPS_SAMPLE_EVERY")
-            if name == "timed":  # read when a graph is made: at its first call
+            if VARIANTS[v] == "timed":  # read when a graph is made: at its first call
                 os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
             try:
                 for _ in range(WARM_CALLS):
@@ -110,23 +107,46 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
                     os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
                 else:
                     os.environ["FXFLOPS_SAMPLE_EVERY"] = every
-        order = list(range(len(fns)))
-        for _ in range(rounds):
-            samples: list[list[int]] = [[] for _ in fns]
+    return fns
+
+
+VARIANTS = ("bare", "bare again", "floor", "fxflops", "timed")
+
+
+def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
+    """The five variants of one style, called in rotation; the medians of the per-round
+    differences (ns) and the bare call's median.
+
+    Each round compiles every variant afresh, in a rotated order: where a callable's code
+    and data land in memory (and which was compiled first) moves a call by a microsecond
+    or more on this kind of host, the same way in every round for the same objects (the
+    A/A column showed it: a second bare compile 1-3 us faster than the first, run after
+    run). Fresh objects each round turn that into noise the median over rounds damps."""
+    torch.manual_seed(0)
+    inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
+    now = time.perf_counter_ns
+    diffs: dict[str, list[float]] = {"bare again": [], "floor": [], "fxflops": [],
+                                     "fxflops - floor": [], "timed": []}
+    bare_ms: list[float] = []
+    n = len(VARIANTS)
+    for r in range(rounds):
+        fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)])
+        samples: list[list[int]] = [[] for _ in fns]
+        with torch.set_grad_enabled(grad):
             for i in range(iters):
                 x = inputs[i % sizes]
-                k = i % len(fns)
-                for j in order[k:] + order[:k]:
+                k = i % n
+                for j in list(range(k, n)) + list(range(k)):
                     t0 = now()
                     fns[j](x)
                     samples[j].append(now() - t0)
-            med = [statistics.median(s) for s in samples]
-            bare_ms.append(med[0])
-            diffs["bare again"].append(med[1] - med[0])
-            diffs["floor"].append(med[2] - med[0])
-            diffs["fxflops"].append(med[3] - med[0])
-            diffs["fxflops - floor"].append(med[3] - med[2])
-            diffs["timed"].append(med[4] - med[0])
+        med = [statistics.median(s) for s in samples]
+        bare_ms.append(med[0])
+        diffs["bare again"].append(med[1] - med[0])
+        diffs["floor"].append(med[2] - med[0])
+        diffs["fxflops"].append(med[3] - med[0])
+        diffs["fxflops - floor"].append(med[3] - med[2])
+        diffs["timed"].append(med[4] - med[0])
     out = {k: statistics.median(v) for k, v in diffs.items()}
     out["bare"] = statistics.median(bare_ms)
     return out

@@ -1,6 +1,6 @@
 """Instructions per call through ``torch.compile``: bare, the floor, fxflops (callgrind).
 
-    python benchmarks/overhead_instructions.py [--inner eager] [--calls 1000]
+    python benchmarks/overhead_instructions.py [--inner eager] [--grad] [--calls 1000]
 
 Wall-clock figures of a microsecond drift with the machine (benchmarks/overhead.py); the
 instructions a call executes do not. This runs itself under ``valgrind --tool=callgrind``
@@ -14,6 +14,7 @@ the inner), ``fxflops`` (past a size's first 16 calls: one in 16 timed) and ``ti
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import os
 import re
@@ -22,10 +23,12 @@ import subprocess
 import sys
 import tempfile
 
-VARIANTS = ("bare", "floor", "fxflops", "timed", "bare")
+# each twice, in turn; a variant's figure is its lower (the other holds a collection of
+# the garbage the loops made, or a cache's growth)
+VARIANTS = ("bare", "floor", "fxflops", "timed") * 2
 
 
-def measure(inner: str, calls: int) -> None:
+def measure(inner: str, grad: bool, calls: int) -> None:
     """(Under callgrind.) The loops, one dump each."""
     import torch
 
@@ -47,13 +50,19 @@ def measure(inner: str, calls: int) -> None:
                 "fxflops": fxflops.backend(inner=inner), "timed": fxflops.backend(inner=inner)}
     fns = {name: torch.compile(Small(), backend=b, dynamic=True) for name, b in backends.items()}
     x = torch.randn(8, 4)
-    with torch.no_grad():
+    # grad on: the weights need grad, so Dynamo's graph goes through AOTAutograd and
+    # fxflops times its forward graph (boxed)
+    with torch.set_grad_enabled(grad):
         for name, fn in fns.items():
             if name == "timed":  # every call timed (read when the graph is made)
                 os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
             for _ in range(WARM_CALLS):  # past the calls every one of which fxflops times
                 fn(x)
             os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
+        # what the import and the compiles left is out of the collector's way: a full
+        # collection of it inside one loop would be that variant's cost
+        gc.collect()
+        gc.freeze()
         for name in VARIANTS:
             os.getloadavg()  # a dump: what ran since
             fn = fns[name]
@@ -65,11 +74,12 @@ def measure(inner: str, calls: int) -> None:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--inner", default="eager")
+    p.add_argument("--grad", action="store_true", help="grad mode on (default: off)")
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        measure(args.inner, args.calls)
+        measure(args.inner, args.grad, args.calls)
         return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -78,12 +88,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         # the interpreter itself (not a shell shim), so that valgrind follows it
+        # string hashes fixed: a dict's probe sequence is then the same in every run
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
         subprocess.run([valgrind, "--tool=callgrind", "--dump-before=os_getloadavg",
                         "--dump-instr=no", f"--callgrind-out-file={out}",
                         os.path.realpath(sys.executable), os.path.abspath(__file__),
-                        "--measure", "--inner", args.inner, "--calls", str(args.calls)],
+                        "--measure", "--inner", args.inner, "--calls", str(args.calls)]
+                       + (["--grad"] if args.grad else []),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=3600)
+                       timeout=3600, env=env)
         parts = sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
         totals = [int(re.search(r"^totals: (\d+)", open(f).read(), re.M).group(1))
                   for f in parts]
@@ -96,7 +109,8 @@ def main() -> int:
     for name, total in zip(VARIANTS, loops):
         per_call.setdefault(name, []).append(total / args.calls)
     bare = min(per_call["bare"])
-    print(f"instructions per call, inner {args.inner} (callgrind, {args.calls:,} calls each):")
+    print(f"instructions per call, inner {args.inner}, grad {'on' if args.grad else 'off'} "
+          f"(callgrind, {args.calls:,} calls each):")
     for name, values in per_call.items():
         value = min(values)
         print(f"  {name:8} {value:10,.0f}  ({value - bare:+,.0f} over bare)")

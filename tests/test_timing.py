@@ -428,6 +428,23 @@ def test_sample_every_one_times_every_call(monkeypatch):
     assert row.count == row.samples_taken == 200
 
 
+def test_the_hot_function_calls_an_objects_class_call_as_a_slot_call_would():
+    """An inner object (Inductor's CompiledFxGraph) is called through its class's
+    ``__call__``, bound once: what ``obj(args)`` runs, an instance attribute of that name
+    ignored as Python ignores it; a function or builtin is called as it is."""
+    class Compiled:
+        def __call__(self, args):
+            return ("class", args)
+
+    obj = Compiled()
+    obj.__call__ = lambda args: ("instance", args)  # never what obj(args) runs
+    bound = wrap._bound_call(obj)
+    assert bound([1]) == obj([1]) == ("class", [1])
+    assert bound.__self__ is obj
+    assert wrap._bound_call(len) is len
+    assert wrap._bound_call(Compiled) is Compiled  # a class: calling it makes an object
+
+
 def calls_made(fn, *args) -> collections.Counter:
     """The Python functions (by file and name) and builtins one call of ``fn`` enters."""
     import sys

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -368,19 +369,21 @@ def hot_function(graph: InstrumentedGraph
     instance-dict read per attribute (benchmarks/overhead.py).
 
     Per call: the size key, one dict lookup, the count (as the call returns: one that
-    raises is not counted, as on every path). A size's first ``TIMED_FIRST`` calls (or
-    ``every``, if more) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
-    clock reads and ``SizeStats.add`` inlined, the sample standing for itself and the
-    ``every - 1`` calls after it in the total. The others pay no clock: the clock and the
-    sample are most of the bookkeeping's cost, and a median needs a sample, not every
-    call. Anything else (a new size, a graph that gave up) goes to the object's
-    ``_on_miss``, whose class says what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
+    raises is not counted, as on every path) and the row's sampling mask. A size's first
+    ``TIMED_FIRST`` calls (or ``every``, if more) are timed (the row's ``sample_mask`` is
+    0), then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and
+    ``SizeStats.add`` inlined, the sample standing for itself and the ``every - 1`` calls
+    after it in the total. The others pay no clock: the clock and the sample are most of
+    the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
+    new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
+    what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
-    key, run, now = graph._key, graph._run, _now
+    key, run, now = graph._key, _bound_call(graph._run), _now
     every = config.SAMPLE_EVERY.get()
     mask, shift = every - 1, every.bit_length() - 1
-    # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples,
-    # each sample standing for the ``every`` calls from it
+    # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples
+    # (the row's mask set by the timed call before it), each sample standing for the
+    # ``every`` calls from it
     first = -(-config.TIMED_FIRST // every) * every
 
     if graph.boxed:
@@ -392,7 +395,7 @@ def hot_function(graph: InstrumentedGraph
                     raise
                 return graph._on_miss(args)
             n = row.count
-            if n & mask and n >= first:  # not sampled: counted (as it returns) only
+            if n & row.sample_mask:  # not sampled: counted (as it returns) only
                 out = run(args)
                 row.count = n + 1
                 return out
@@ -401,7 +404,12 @@ def hot_function(graph: InstrumentedGraph
             ns = now() - t0
             t = row.timed
             row.window[t % row.cap] = ns
-            row.total_ns += ns << shift if n >= first else ns
+            if row.sample_mask:
+                row.total_ns += ns << shift
+            else:  # a size's first calls: each timed
+                row.total_ns += ns
+                if n + 1 >= first:
+                    row.sample_mask = mask
             row.timed = t + 1
             row.count = n + 1
             return out
@@ -416,7 +424,7 @@ def hot_function(graph: InstrumentedGraph
                     raise
                 return graph._on_miss(args)
             n = row.count
-            if n & mask and n >= first:  # not sampled: counted (as it returns) only
+            if n & row.sample_mask:  # not sampled: counted (as it returns) only
                 out = run(*args)
                 row.count = n + 1
                 return out
@@ -425,7 +433,12 @@ def hot_function(graph: InstrumentedGraph
             ns = now() - t0
             t = row.timed
             row.window[t % row.cap] = ns
-            row.total_ns += ns << shift if n >= first else ns
+            if row.sample_mask:
+                row.total_ns += ns << shift
+            else:  # a size's first calls: each timed
+                row.total_ns += ns
+                if n + 1 >= first:
+                    row.sample_mask = mask
             row.timed = t + 1
             row.count = n + 1
             return out
@@ -436,6 +449,17 @@ def hot_function(graph: InstrumentedGraph
 
     call.__name__ = call.__qualname__ = graph.__name__
     return call, rebind
+
+
+def _bound_call(run: Any) -> Any:
+    """``run``'s own ``__call__`` method, bound, where it is an object whose class defines
+    one in Python (Inductor's ``CompiledFxGraph``, a ``GraphModule``): calling the bound
+    method skips the slot call's lookup of ``__call__`` on every call (about 600
+    instructions, benchmarks/overhead_instructions.py). A function, a builtin or a
+    method is called as it is. The class's ``__call__`` is the one a call uses, as
+    the slot call looks it up (an instance attribute of that name is not)."""
+    method = type(run).__call__  # ``run`` is callable: its class has one
+    return types.MethodType(method, run) if isinstance(method, types.FunctionType) else run
 
 
 class _SpecialGraph(InstrumentedGraph):

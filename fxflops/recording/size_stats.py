@@ -25,7 +25,7 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "__weakref__")
+                 "sample_mask", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -45,6 +45,9 @@ class SizeStats:
         # the CPU clock samples a size's calls, or while CUDA events have not been read
         # (they time a call after it was counted: ``add_late``)
         self.timed = 0
+        # the CPU clock's sampling (``wrap.hot_function``): a call is timed when
+        # ``count & sample_mask`` is 0; 0 (every call timed) for a size's first calls
+        self.sample_mask = 0
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
