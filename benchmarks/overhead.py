@@ -20,7 +20,8 @@
    - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
      first 16 calls pay).
 
-   Each call is timed alone; a round's figure is the median per variant; the figures are
+   Each call is timed alone, in blocks of ``BLOCK`` calls of one variant; a round's figure
+   is the median per variant; the figures are
    the medians over ``--rounds`` rounds of the per-round differences. Goal: fxflops
    against bare at most 1 us; fxflops against the floor is fxflops' own bookkeeping.
 2. fxflops' bookkeeping alone: its hot function around a callable that does nothing,
@@ -111,11 +112,16 @@ def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
 
 
 VARIANTS = ("bare", "bare again", "floor", "fxflops", "timed")
+# calls of one variant in a row: a call is timed after calls of its own (as a served graph
+# is called), not after another variant's, whose code and data it would find in the
+# caches in its place (called one by one in rotation, a second bare compile read 1.5-2.5 us
+# faster than the first: it always followed the first, the same code)
+BLOCK = 40
 
 
 def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
-    """The five variants of one style, called in rotation; the medians of the per-round
-    differences (ns) and the bare call's median.
+    """The five variants of one style, called in rotation, ``BLOCK`` calls at a time; the
+    medians of the per-round differences (ns) and the bare call's median.
 
     Each round compiles every variant afresh, in a rotated order: where a callable's code
     and data land in memory (and which was compiled first) moves a call by a microsecond
@@ -133,13 +139,15 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
         fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)])
         samples: list[list[int]] = [[] for _ in fns]
         with torch.set_grad_enabled(grad):
-            for i in range(iters):
-                x = inputs[i % sizes]
-                k = i % n
+            for b in range(max(1, iters // BLOCK)):
+                k = b % n
                 for j in list(range(k, n)) + list(range(k)):
-                    t0 = now()
-                    fns[j](x)
-                    samples[j].append(now() - t0)
+                    fn, taken = fns[j], samples[j]
+                    for i in range(BLOCK):
+                        x = inputs[i % sizes]
+                        t0 = now()
+                        fn(x)
+                        taken.append(now() - t0)
         med = [statistics.median(s) for s in samples]
         bare_ms.append(med[0])
         diffs["bare again"].append(med[1] - med[0])
@@ -180,22 +188,9 @@ def per_call_ns(fn: Any, args: tuple, n: int) -> float:
 
 
 def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
-    """fxflops' hot function around a no-op inner against a function of the same shape."""
-    captured: dict[str, Any] = {}
-
-    def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        captured["graph"] = fxflops.backend(inner="eager")(gm, example_inputs)
-        captured["kinds"] = [type(e).__name__ for e in example_inputs]
-        return captured["graph"]
-
-    x = torch.randn(8, 4)
-    torch._dynamo.mark_dynamic(x, 0)
-    torch.compile(lambda t: t * 2 + 1, backend=capture)(x)
-    graph = captured["graph"]
-
-    def graph_args(t: torch.Tensor) -> tuple:  # the graph takes its size symbols, then t
-        return tuple(t if kind == "Tensor" else t.shape[0] for kind in captured["kinds"])
-
+    """fxflops' hot function around a no-op inner against a function of the same shape:
+    with the default stride and with every call timed, each on a graph of its own (a
+    graph's rows keep its sampling state)."""
     from fxflops.instrument.wrap import InstrumentedGraph
 
     def noop(*a: Any) -> None:
@@ -204,18 +199,37 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
     def shape(*args: Any) -> Any:  # the same frame, nothing counted
         return noop(*args)
 
-    a = graph_args(x)
-    hots = {}
+    x = torch.randn(8, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    hots, kinds = {}, []
+    captured: dict[str, Any] = {}
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        captured["graph"] = fxflops.backend(inner="eager")(gm, example_inputs)
+        kinds[:] = [type(e).__name__ for e in example_inputs]
+        return captured["graph"]
+
     before = os.environ.get("FXFLOPS_SAMPLE_EVERY")
     for every in ("16", "1"):  # the default stride (read when a graph is made); every call
+        torch._dynamo.reset()  # a graph of its own: the lambda's code is the same
+        torch.compile(lambda t: t * 2 + 1, backend=capture)(x)
+        graph = captured.pop("graph")
         os.environ["FXFLOPS_SAMPLE_EVERY"] = every
-        hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
-        if before is None:
-            os.environ.pop("FXFLOPS_SAMPLE_EVERY")
-        else:
-            os.environ["FXFLOPS_SAMPLE_EVERY"] = before
+        try:
+            hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
+        finally:
+            if before is None:
+                os.environ.pop("FXFLOPS_SAMPLE_EVERY")
+            else:
+                os.environ["FXFLOPS_SAMPLE_EVERY"] = before
+
+    def graph_args(t: torch.Tensor) -> tuple:  # the graph takes its size symbols, then t
+        return tuple(t if kind == "Tensor" else t.shape[0] for kind in kinds)
+
+    a = graph_args(x)
+    for hot in hots.values():
         for _ in range(WARM_CALLS):
-            hots[every](*a)
+            hot(*a)
     per_call_ns(shape, a, 20_000), per_call_ns(hots["16"], a, 20_000)
     d: dict[str, list[float]] = {every: [] for every in hots}
     for _ in range(rounds * 4):

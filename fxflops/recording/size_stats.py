@@ -46,7 +46,9 @@ class SizeStats:
         # (they time a call after it was counted: ``add_late``)
         self.timed = 0
         # the CPU clock's sampling (``wrap.hot_function``): a call is timed when
-        # ``count & sample_mask`` is 0; 0 (every call timed) for a size's first calls
+        # ``count & sample_mask`` is 0; 0 (every call timed) for a size's first calls, then
+        # FXFLOPS_SAMPLE_EVERY - 1 (graphs of one record share it: the stride is read when
+        # a graph is made, the same for all of them unless the variable changed between)
         self.sample_mask = 0
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
