@@ -371,9 +371,8 @@ def hot_function(graph: InstrumentedGraph
     Per call: the size key, one dict lookup, the count (as the call returns: one that
     raises is not counted, as on every path) and the row's sampling mask. A size's first
     ``TIMED_FIRST`` calls (or ``every``, if more) are timed (the row's ``sample_mask`` is
-    0), then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and
-    ``SizeStats.add`` inlined, the sample standing for itself and the ``every - 1`` calls
-    after it in the total. The others pay no clock: the clock and the sample are most of
+    0), then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and ``note``,
+    the sample standing for itself and the ``every - 1`` calls after it in the total. The others pay no clock: the clock and the sample are most of
     the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
     new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
     what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
@@ -385,6 +384,21 @@ def hot_function(graph: InstrumentedGraph
     # (the row's mask set by the timed call before it), each sample standing for the
     # ``every`` calls from it
     first = -(-config.TIMED_FIRST // every) * every
+
+    def note(row: SizeStats, n: int, ns: int) -> None:
+        """A timed call, the ``n``-th of its size, took ``ns``: ``SizeStats.add`` inlined,
+        the sample weighted by the calls it stands for; a size's first calls then sampled
+        (a call of its own on the sampled path only, outside the clock reads)."""
+        t = row.timed
+        row.window[t % row.cap] = ns
+        if row.sample_mask:
+            row.total_ns += ns << shift
+        else:  # a size's first calls: each timed
+            row.total_ns += ns
+            if n + 1 >= first:
+                row.sample_mask = mask
+        row.timed = t + 1
+        row.count = n + 1
 
     if graph.boxed:
         def call(args: list[Any]) -> Any:
@@ -401,17 +415,7 @@ def hot_function(graph: InstrumentedGraph
                 return out
             t0 = now()
             out = run(args)
-            ns = now() - t0
-            t = row.timed
-            row.window[t % row.cap] = ns
-            if row.sample_mask:
-                row.total_ns += ns << shift
-            else:  # a size's first calls: each timed
-                row.total_ns += ns
-                if n + 1 >= first:
-                    row.sample_mask = mask
-            row.timed = t + 1
-            row.count = n + 1
+            note(row, n, now() - t0)
             return out
 
         call._boxed_call = True  # type: ignore[attr-defined]
@@ -430,17 +434,7 @@ def hot_function(graph: InstrumentedGraph
                 return out
             t0 = now()
             out = run(*args)
-            ns = now() - t0
-            t = row.timed
-            row.window[t % row.cap] = ns
-            if row.sample_mask:
-                row.total_ns += ns << shift
-            else:  # a size's first calls: each timed
-                row.total_ns += ns
-                if n + 1 >= first:
-                    row.sample_mask = mask
-            row.timed = t + 1
-            row.count = n + 1
+            note(row, n, now() - t0)
             return out
 
     def rebind(new_rows: dict[Any, SizeStats]) -> None:
