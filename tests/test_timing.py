@@ -444,6 +444,48 @@ def test_the_hot_function_calls_an_objects_class_call_as_a_slot_call_would():
     assert wrap._bound_call(len) is len
     assert wrap._bound_call(Compiled) is Compiled  # a class: calling it makes an object
 
+    class Static:
+        __call__ = staticmethod(lambda args: ("static", args))
+
+    static = Static()
+    assert wrap._bound_call(static) is static and static([2]) == ("static", [2])
+
+    class Inherited(Compiled):
+        pass
+
+    inherited = Inherited()
+    assert wrap._bound_call(inherited)([3]) == ("class", [3])
+
+
+@pytest.mark.parametrize("strides", [("4", "64"), ("64", "4")])
+def test_graphs_of_one_record_under_different_strides_keep_its_total_whole(
+        strides, monkeypatch):
+    """Two graphs of one record, made under different FXFLOPS_SAMPLE_EVERY values, called
+    in turn: every call is counted once, and the total stands for the calls made (each
+    sample weighted by the stride it was taken at, never by the other graph's)."""
+    captured = {}
+
+    def capture(gm, example_inputs):
+        captured["graph"] = fxflops.backend(inner="eager")(gm, example_inputs)
+        return captured["graph"]
+
+    x = torch.randn(3)
+    torch.compile(lambda t: t + 1, backend=capture)(x)
+    graph = captured["graph"]
+    clock = iter(range(0, 10**9, 1000))  # every timed call takes 1,000 ns
+    monkeypatch.setattr(wrap, "_now", lambda: next(clock))
+    hots = []
+    for every in strides:  # read when a graph is made
+        monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", every)
+        hots.append(wrap.InstrumentedGraph(lambda *a: None, graph.record, graph.plan).hot)
+    (row,) = graph.record.rows.values()  # its first call, compiled, on the real clock
+    count, total_ns, timed = row.count, row.total_ns, row.samples_taken
+    for i in range(2000):
+        hots[i % 2](x)
+    assert row.count - count == 2000
+    assert 2000 <= (row.total_ns - total_ns) // 1000 < 2000 + 64
+    assert 2000 // 64 < row.samples_taken - timed < 2000
+
 
 def calls_made(fn, *args) -> collections.Counter:
     """The Python functions (by file and name) and builtins one call of ``fn`` enters."""

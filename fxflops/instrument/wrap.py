@@ -372,14 +372,15 @@ def hot_function(graph: InstrumentedGraph
     raises is not counted, as on every path) and the row's sampling mask. A size's first
     ``TIMED_FIRST`` calls (or ``every``, if more) are timed (the row's ``sample_mask`` is
     0), then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and ``note``,
-    the sample standing for itself and the ``every - 1`` calls after it in the total. The others pay no clock: the clock and the sample are most of
-    the bookkeeping's cost, and a median needs a sample, not every call. Anything else (a
-    new size, a graph that gave up) goes to the object's ``_on_miss``, whose class says
-    what to do. Returns the function and its rows' rebinder (``graph.use_rows``)."""
+    the sample standing for itself and the ``every - 1`` calls after it in the total. The
+    others pay no clock: the clock and the sample are most of the bookkeeping's cost, and
+    a median needs a sample, not every call. Anything else (a new size, a graph that gave
+    up) goes to the object's ``_on_miss``, whose class says what to do. Returns the
+    function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, _bound_call(graph._run), _now
     every = config.SAMPLE_EVERY.get()
-    mask, shift = every - 1, every.bit_length() - 1
+    mask = every - 1
     # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples
     # (the row's mask set by the timed call before it), each sample standing for the
     # ``every`` calls from it
@@ -391,8 +392,8 @@ def hot_function(graph: InstrumentedGraph
         (a call of its own on the sampled path only, outside the clock reads)."""
         t = row.timed
         row.window[t % row.cap] = ns
-        if row.sample_mask:
-            row.total_ns += ns << shift
+        if row.sample_mask:  # weighted by the row's stride (graphs of a record share it)
+            row.total_ns += ns * (row.sample_mask + 1)
         else:  # a size's first calls: each timed
             row.total_ns += ns
             if n + 1 >= first:
@@ -447,13 +448,18 @@ def hot_function(graph: InstrumentedGraph
 
 def _bound_call(run: Any) -> Any:
     """``run``'s own ``__call__`` method, bound, where it is an object whose class defines
-    one in Python (Inductor's ``CompiledFxGraph``, a ``GraphModule``): calling the bound
-    method skips the slot call's lookup of ``__call__`` on every call (about 600
-    instructions, benchmarks/overhead_instructions.py). A function, a builtin or a
-    method is called as it is. The class's ``__call__`` is the one a call uses, as
-    the slot call looks it up (an instance attribute of that name is not)."""
-    method = type(run).__call__  # ``run`` is callable: its class has one
-    return types.MethodType(method, run) if isinstance(method, types.FunctionType) else run
+    one as a plain function (Inductor's ``CompiledFxGraph``, a ``GraphModule``): calling
+    the bound method skips the slot call's lookup of ``__call__`` on every call (about
+    600 instructions, docs/benchmarks.md). The class's ``__call__`` is the one a call
+    uses, as the slot call looks it up (an instance attribute of that name is not); a
+    static or class method, a function, a builtin or a method is called as it is. Bound
+    when the graph is made: a class ``__call__`` patched later is not seen here."""
+    for klass in type(run).__mro__:  # the raw attribute: a staticmethod stays one
+        if "__call__" in vars(klass):
+            method = vars(klass)["__call__"]
+            return types.MethodType(method, run) if isinstance(method, types.FunctionType) \
+                else run
+    return run
 
 
 class _SpecialGraph(InstrumentedGraph):
