@@ -21,9 +21,9 @@
      first 16 calls pay).
 
    Each call is timed alone, in blocks of ``BLOCK`` calls of one variant; a round's figure
-   is the median per variant; the figures are
-   the medians over ``--rounds`` rounds of the per-round differences. Goal: fxflops
-   against bare at most 1 us; fxflops against the floor is fxflops' own bookkeeping.
+   is the median per variant; the figures are the medians over ``--rounds`` rounds of the
+   per-round differences. Goal: fxflops against bare at most 1 us; fxflops against the
+   floor is fxflops' own bookkeeping.
 2. fxflops' bookkeeping alone: its hot function around a callable that does nothing,
    minus that callable called from a function of the same shape (goal: at most 1 us), in
    the steady state and with every call timed.
@@ -36,10 +36,12 @@ in docs/benchmarks.md, with instruction counts (callgrind) that do not drift.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
 import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -50,6 +52,28 @@ from fxflops import config
 GOAL_NS = 1000
 # calls per size before measuring: past the calls every one of which fxflops times
 WARM_CALLS = config.TIMED_FIRST + 36
+VARIANTS = ("bare", "bare again", "floor", "fxflops", "timed")
+# calls of one variant in a row: a call is timed after calls of its own (as a served graph
+# is called), not after another variant's, whose code and data it would find in the
+# caches in its place (called one by one in rotation, a second bare compile read 0.8-2.8 us
+# faster than the first: it always followed the first, the same code)
+BLOCK = 40
+
+
+@contextlib.contextmanager
+def sample_every(value: str | None) -> Iterator[None]:
+    """``FXFLOPS_SAMPLE_EVERY`` set to ``value`` (None: left as it is) for the graphs made
+    inside (it is read when a graph is made), then restored."""
+    before = os.environ.get("FXFLOPS_SAMPLE_EVERY")
+    if value is not None:
+        os.environ["FXFLOPS_SAMPLE_EVERY"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
+        else:
+            os.environ["FXFLOPS_SAMPLE_EVERY"] = before
 
 
 class Block(torch.nn.Module):
@@ -96,38 +120,21 @@ def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
     with torch.set_grad_enabled(grad):
         for v in order:
             fns[v] = fn = torch.compile(Block(), backend=backends[v], dynamic=True)
-            every = os.environ.get("FXFLOPS_SAMPLE_EVERY")
-            if VARIANTS[v] == "timed":  # read when a graph is made: at its first call
-                os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
-            try:
+            # the graph is made at the first call
+            with sample_every("1" if VARIANTS[v] == "timed" else None):
                 for _ in range(WARM_CALLS):
                     for x in inputs:
                         fn(x)
-            finally:
-                if every is None:
-                    os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
-                else:
-                    os.environ["FXFLOPS_SAMPLE_EVERY"] = every
     return fns
-
-
-VARIANTS = ("bare", "bare again", "floor", "fxflops", "timed")
-# calls of one variant in a row: a call is timed after calls of its own (as a served graph
-# is called), not after another variant's, whose code and data it would find in the
-# caches in its place (called one by one in rotation, a second bare compile read 1.5-2.5 us
-# faster than the first: it always followed the first, the same code)
-BLOCK = 40
 
 
 def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
     """The five variants of one style, called in rotation, ``BLOCK`` calls at a time; the
     medians of the per-round differences (ns) and the bare call's median.
 
-    Each round compiles every variant afresh, in a rotated order: where a callable's code
-    and data land in memory (and which was compiled first) moves a call by a microsecond
-    or more on this kind of host, the same way in every round for the same objects (the
-    A/A column showed it: a second bare compile 1-3 us faster than the first, run after
-    run). Fresh objects each round turn that into noise the median over rounds damps."""
+    Each round compiles every variant afresh, in a rotated order: where one callable's
+    code and data land in memory, or which variant was compiled first, then weighs on a
+    single round, not on all of them, and the median over rounds damps it."""
     torch.manual_seed(0)
     inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
     now = time.perf_counter_ns
@@ -209,19 +216,12 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
         kinds[:] = [type(e).__name__ for e in example_inputs]
         return captured["graph"]
 
-    before = os.environ.get("FXFLOPS_SAMPLE_EVERY")
-    for every in ("16", "1"):  # the default stride (read when a graph is made); every call
+    for every in ("16", "1"):  # the default stride; every call
         torch._dynamo.reset()  # a graph of its own: the lambda's code is the same
         torch.compile(lambda t: t * 2 + 1, backend=capture)(x)
         graph = captured.pop("graph")
-        os.environ["FXFLOPS_SAMPLE_EVERY"] = every
-        try:
+        with sample_every(every):
             hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
-        finally:
-            if before is None:
-                os.environ.pop("FXFLOPS_SAMPLE_EVERY")
-            else:
-                os.environ["FXFLOPS_SAMPLE_EVERY"] = before
 
     def graph_args(t: torch.Tensor) -> tuple:  # the graph takes its size symbols, then t
         return tuple(t if kind == "Tensor" else t.shape[0] for kind in kinds)

@@ -38,7 +38,7 @@ def measure(inner: str, grad: bool, calls: int) -> None:
     import fxflops
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from overhead import WARM_CALLS, floor_backend
+    from overhead import WARM_CALLS, floor_backend, sample_every
 
     class Small(torch.nn.Module):
         def __init__(self) -> None:
@@ -57,11 +57,10 @@ def measure(inner: str, grad: bool, calls: int) -> None:
     # fxflops times its forward graph (boxed)
     with torch.set_grad_enabled(grad):
         for name, fn in fns.items():
-            if name == "timed":  # every call timed (read when the graph is made)
-                os.environ["FXFLOPS_SAMPLE_EVERY"] = "1"
-            for _ in range(WARM_CALLS):  # past the calls every one of which fxflops times
-                fn(x)
-            os.environ.pop("FXFLOPS_SAMPLE_EVERY", None)
+            # every call timed (read when the graph is made: at its first call)
+            with sample_every("1" if name == "timed" else None):
+                for _ in range(WARM_CALLS):  # past the calls every one of which fxflops times
+                    fn(x)
         # what the import and the compiles left is out of the collector's way: a full
         # collection of it inside one loop would be that variant's cost
         gc.collect()

@@ -387,17 +387,16 @@ def hot_function(graph: InstrumentedGraph
     first = -(-config.TIMED_FIRST // every) * every
 
     def note(row: SizeStats, n: int, ns: int) -> None:
-        """A timed call, the ``n``-th of its size, took ``ns``: ``SizeStats.add`` inlined,
-        the sample weighted by the calls it stands for; a size's first calls then sampled
-        (a call of its own on the sampled path only, outside the clock reads)."""
+        """A timed call, the ``n``-th of its size, took ``ns`` (``SizeStats.add``, with the
+        sample standing in the total for the calls of the row's stride: 1 while a size's
+        first calls are each timed, whose last starts the sampling). Called on timed calls
+        only, outside their clock reads."""
         t = row.timed
         row.window[t % row.cap] = ns
-        if row.sample_mask:  # weighted by the row's stride (graphs of a record share it)
-            row.total_ns += ns * (row.sample_mask + 1)
-        else:  # a size's first calls: each timed
-            row.total_ns += ns
-            if n + 1 >= first:
-                row.sample_mask = mask
+        # the row's stride, not this graph's: graphs of one record share the row
+        row.total_ns += ns * (row.sample_mask + 1)
+        if not row.sample_mask and n + 1 >= first:
+            row.sample_mask = mask
         row.timed = t + 1
         row.count = n + 1
 
@@ -455,8 +454,8 @@ def _bound_call(run: Any) -> Any:
     static or class method, a function, a builtin or a method is called as it is. Bound
     when the graph is made: a class ``__call__`` patched later is not seen here."""
     for klass in type(run).__mro__:  # the raw attribute: a staticmethod stays one
-        if "__call__" in vars(klass):
-            method = vars(klass)["__call__"]
+        method = vars(klass).get("__call__")
+        if method is not None:
             return types.MethodType(method, run) if isinstance(method, types.FunctionType) \
                 else run
     return run

@@ -75,8 +75,9 @@ class SizeStats:
 
     def add(self, ns: int) -> None:
         """A call that returned after ``ns``: its sample is in place before it is counted
-        (a reader never sees a call without its sample). The hot function inlines this
-        for the calls it times (``wrap.hot_function``)."""
+        (a reader never sees a call without its sample). The CPU-clock hot function's
+        ``note`` does this with the sample weighted by the row's stride
+        (``wrap.hot_function``)."""
         self.add_late(ns)
         self.count += 1
 
