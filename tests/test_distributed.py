@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,18 +30,13 @@ from fxflops.report.merge import merge_steps
 from fxflops.report.rows import flat_rows
 from fxflops.report.steps import training_steps
 from tests import procs
+from tests.ports import free_port
 
 SCRIPT = str(Path(__file__).with_name("dist_train.py"))
 ROOT = str(Path(__file__).parent.parent)
 BLOCKS, WIDTH = 3, 512  # dist_train.Net
 PEAK_TFLOPS = 1.0
 HOLD_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args: list[str], env: dict[str, str], nodes: int = 1, node_rank: int = 0,
@@ -99,6 +93,26 @@ def held(out: Path, ranks: int) -> list[Path]:
     return [out / f"rank{r}.json" for r in range(ranks)]
 
 
+def scrape_held(out: Path, ranks: int, started: list, ports: list[int]) -> list[dict]:
+    """Each exporter's /metrics while the job's ``ranks`` hold, then the job stopped; a
+    scrape that fails says what the job printed."""
+    error: OSError | None = None
+    try:
+        wait_for(held(out, ranks), started)
+        time.sleep(1)  # the flush that follows the rank's file
+        scraped = [scrape(port) for port in ports]
+    except OSError as e:  # refused, timed out (urllib's errors are OSErrors)
+        error = e
+    finally:
+        for p in started:
+            p.terminate()
+        printed = [procs.finish(p, timeout=120) for p in started]
+    if error is not None:
+        raise AssertionError(f"scraping {ports}: {error!r}; the job's stderr:\n" + "\n".join(
+            err[-3000:] for _, err in printed)) from error
+    return scraped
+
+
 @pytest.fixture(scope="module")
 def ddp_two_nodes(tmp_path_factory):
     """DDP as two torchrun nodes of one rank each: reports, the exporters' /metrics while
@@ -115,15 +129,7 @@ def ddp_two_nodes(tmp_path_factory):
                        nodes=2, node_rank=node, master_port=master, nproc=1)
         started.append(procs.popen(cmd, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE))
-    try:
-        wait_for(held(out, 2), started)
-        time.sleep(1)  # the flush that follows the rank's file
-        metrics = [scrape(port) for port in ports]
-    finally:
-        for p in started:
-            p.terminate()
-        for p in started:
-            procs.finish(p, timeout=120)
+    metrics = scrape_held(out, 2, started, ports)
     reports = [load_reports([tmp / f"node{node}"]) for node in (0, 1)]
     return {"reports": reports, "metrics": metrics, "ranks": ranks_written(out),
             "plain": run_plain(tmp, "ddp"), "tmp": tmp}
@@ -140,13 +146,7 @@ def fsdp_one_node(tmp_path_factory):
     proc = procs.popen(torchrun(["--wrap", "fsdp", "--out", str(out), "--hold", str(HOLD_S)],
                                 env), env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE)
-    try:
-        wait_for(held(out, 2), [proc])
-        time.sleep(1)
-        metrics = scrape(port)
-    finally:
-        proc.terminate()
-        procs.finish(proc, timeout=120)
+    (metrics,) = scrape_held(out, 2, [proc], [port])
     return {"reports": load_reports([tmp / "out"]), "metrics": metrics,
             "ranks": ranks_written(out), "plain": run_plain(tmp, "fsdp"), "tmp": tmp}
 

@@ -70,7 +70,8 @@ def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
     import torch
 
     from fxflops.outputs import prometheus as metrics
-    from tests.vllm_server import free_port, scrape
+    from tests.ports import free_port
+    from tests.vllm_server import scrape
 
     port = free_port()
     folder = tmp_path / "node"
@@ -99,6 +100,42 @@ def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
                            "print(metrics.serve_node())"],
                           env={**os.environ, "FXFLOPS_PROMETHEUS_PORT": str(port)})
         assert taken.stdout.strip() == "False" and "cannot serve" not in taken.stderr
+        assert "fxflops" not in taken.stderr  # the exporter is the node's: nothing to say
+    finally:
+        metrics._serving.pop(port).shutdown()
+
+
+def test_a_port_another_program_holds_is_warned_about_once(tmp_path, monkeypatch,
+                                                           fxflops_log):
+    """A port held by something other than the node's exporter (here a bare listener, as a
+    gloo rank's is): no exporter, and one line that says so, whatever the folder says of
+    an earlier run's exporter (a process no longer running)."""
+    import socket
+
+    from fxflops.outputs import prometheus as metrics
+    from tests.ports import free_port
+
+    port = free_port()
+    folder = tmp_path / "node"
+    folder.mkdir()
+    monkeypatch.setenv("FXFLOPS_PROMETHEUS_PORT", str(port))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("FXFLOPS_PROMETHEUS_DIR", str(folder))
+    dead = procs.run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout.strip()
+    (folder / f"exporter-{port}.pid").write_text(dead)  # an earlier run's exporter
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        assert metrics.serve_node() is False
+        assert metrics.serve_node() is False  # the next flush: tried again, not warned again
+    lines = [r.getMessage() for r in fxflops_log.records]
+    assert len(lines) == 1, lines
+    assert f"port {port} is taken by a program that is not this node's fxflops exporter" \
+        in lines[0] and str(folder) in lines[0] and "\n" not in lines[0]
+    # the program gone, the next flush serves the port and names this process
+    try:
+        assert metrics.serve_node() is True
+        assert (folder / f"exporter-{port}.pid").read_text() == str(os.getpid())
     finally:
         metrics._serving.pop(port).shutdown()
 

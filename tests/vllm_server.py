@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from tests import procs
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,12 +28,6 @@ def scrape(url: str, prefix: str = "fxflops_") -> dict[tuple[str, tuple], float]
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text) if f.name.startswith(prefix)
             for s in f.samples}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

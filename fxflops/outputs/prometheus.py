@@ -33,7 +33,7 @@ from fxflops.report.build import forward_figures_of
 from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
 from fxflops.report.figures import sorted_rows
 from fxflops.report.peaks import process_peak
-from fxflops.util import stop_signals_blocked, warn_once
+from fxflops.util import atomic_text, stop_signals_blocked, warn_once
 
 if TYPE_CHECKING:
     from fxflops.recording.size_stats import SizeStats
@@ -262,10 +262,12 @@ def serve_node(directory: str | None = None) -> bool:
     """With ``FXFLOPS_PROMETHEUS_PORT``: serve the counters every fxflops process of this
     node writes (``files_dir()``) on that port, from this process if no other does yet.
 
-    The first process to bind the port serves the node; the others only write their files
-    and try again at their next flush (so that another takes over if it ends). Files of
-    processes no longer running when the exporter starts are an earlier run's: removed.
-    Returns whether this process serves the node's counters."""
+    The first process to bind the port serves the node, and names itself in the folder;
+    the others find the port taken by it, only write their files, and try again at their
+    next flush (so that another takes over if it ends). A port some other program holds is
+    warned about once (the counters are still written). Files of processes no longer
+    running when the exporter starts are an earlier run's: removed. Returns whether this
+    process serves the node's counters."""
     port = config.PROMETHEUS_PORT.get()
     if port is None:
         return False
@@ -283,14 +285,60 @@ def serve_node(directory: str | None = None) -> bool:
         with stop_signals_blocked():  # its serving thread: not the one a signal lands on
             server, _ = start_http_server(port, registry=registry)
     except OSError as e:
-        if e.errno != errno.EADDRINUSE:  # in use: another process of this node serves it
+        if e.errno != errno.EADDRINUSE:
             warn_once(f"node-exporter:{port}", "fxflops: cannot serve the counters on port "
                       "%s (%s); they are still written to %s", port, e, directory)
+        elif not _exporter_of_node(directory, port):
+            warn_once(f"node-exporter:{port}", "fxflops: port %s is taken by a program that "
+                      "is not this node's fxflops exporter: the counters are written to %s "
+                      "but not served (set FXFLOPS_PROMETHEUS_PORT to a free port)", port,
+                      directory)
         return False
     _forget_in_children()
     _serving[port] = server
+    _note_exporter(directory, port)
     _forget_dead(directory)
     return True
+
+
+# The port's holder, when a bind finds it taken, is this node's exporter only if the
+# folder names a live process as serving it: anything may hold a port (a port-0 bind of
+# gloo, ZMQ or a store draws from the same ephemeral range a free port was picked from),
+# and a client would then talk to that program. The serving process writes its pid just
+# after it binds, so a process that finds the port taken waits that long for the file.
+_EXPORTER_FILE = "exporter-{port}.pid"
+_EXPORTER_WAIT_S = 0.5
+_foreign: set[int] = set()  # ports found held by another program (waited for once)
+
+
+def _note_exporter(directory: str, port: int) -> None:
+    try:
+        atomic_text(str(os.getpid()), os.path.join(directory, _EXPORTER_FILE.format(port=port)))
+    except OSError as e:
+        warn_once(f"node-exporter-file:{port}", "fxflops: cannot write %s's exporter file "
+                  "(%s); the node's other processes may warn that port %s is taken",
+                  directory, e, port)
+
+
+def _exporter_of_node(directory: str, port: int) -> bool:
+    """Whether a live process of this node serves ``port`` (its file in ``directory``)."""
+    import time
+
+    path = os.path.join(directory, _EXPORTER_FILE.format(port=port))
+    deadline = time.monotonic() + (0.0 if port in _foreign else _EXPORTER_WAIT_S)
+    while True:
+        try:
+            with open(path) as f:
+                pid = int(f.read().strip())
+            if pid != os.getpid() and _alive(pid):
+                _foreign.discard(port)
+                return True
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            _foreign.add(port)
+            return False
+        time.sleep(0.01)
 
 
 def _forget_dead(directory: str) -> None:
