@@ -544,10 +544,11 @@ def test_the_call_path_reads_no_attribute_through_a_fallback():
 def test_a_call_through_torch_compile_adds_only_fxflops_own_step(plain, ours):
     """Per call, the Python functions that run under ``backend="fxflops"`` are those of the
     plain backend (the same Dynamo frames, the same generated forward: no
-    ``nn.Module.__call__``), plus fxflops' own: its hot function (``wrap.hot_function``'s
-    ``call``, which Dynamo calls in place of the object the backend returned), the size
-    key, two clock reads and the sample's ``note`` (a size's first calls are each timed).
-    Counted by cProfile over 10 calls."""
+    ``nn.Module.__call__``), less AOTAutograd's unboxed ``forward`` with Inductor (its
+    argument list made in fxflops' frame), plus fxflops' own: its hot function
+    (``wrap.hot_function``'s ``call``, which Dynamo calls in place of the object the
+    backend returned), the size key, two clock reads and the sample's ``note`` (a size's
+    first calls are each timed). Counted by cProfile over 10 calls."""
     import cProfile
     import pstats
     import re
@@ -570,7 +571,12 @@ def test_a_call_through_torch_compile_adds_only_fxflops_own_step(plain, ours):
 
     backend = fxflops.backend(inner="eager") if ours.endswith("eager)") else ours
     theirs, mine = functions_called(plain), functions_called(backend)
-    assert theirs - mine == Counter(), theirs - mine
+    # Inductor (no gradients) returns AOTAutograd's unboxed forward, which only puts the
+    # parameters before the arguments: fxflops' hot function builds that list itself
+    skipped = Counter({"aot_autograd.py:forward": 10,
+                       "~:<method 'extend' of 'list' objects>": 20}) if plain == "inductor" \
+        else Counter()
+    assert theirs - mine == skipped, theirs - mine
     assert mine - theirs == Counter({"wrap.py:call": 10, "<string>:<lambda>": 10,
                                      "~:<built-in method time.perf_counter_ns>": 20,
                                      "wrap.py:note": 10})

@@ -87,3 +87,60 @@ def test_the_table_names_modules_that_exist():
         if entry.optional:
             continue
         importlib.import_module(entry.module)
+
+
+def _aot_forward_of_inductor(model: torch.nn.Module, x: torch.Tensor):
+    """What ``compile_fx`` returns for ``model`` without gradients, as Dynamo calls it, and
+    the arguments Dynamo gave the backend (the parameters among them, lifted)."""
+    captured = {}
+
+    def capture(gm, example_inputs):
+        captured["inputs"] = list(example_inputs)
+        captured["fn"] = torch_compat.get("compile_fx")(gm, example_inputs)
+        return captured["fn"]
+
+    compiled = torch.compile(model, backend=capture)
+    with torch.no_grad():
+        compiled(x)
+    return torch_compat.get("innermost_fn")(captured["fn"]), captured["inputs"]
+
+
+def test_inductor_without_gradients_returns_the_forward_the_hot_path_takes_apart():
+    """This torch's ``compile_fx`` (no gradients) returns AOTAutograd's unboxed forward,
+    and the call fxflops makes in its place (``compiled_fn([*params, *args])``) returns what
+    the forward returns. A release whose forward moved fails here, naming the seam
+    (``aot_forward_parts``); fxflops itself then calls the forward as it is."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    x = torch.randn(4, 8)
+    forward, args = _aot_forward_of_inductor(model, x)
+    parts = torch_compat.aot_forward_parts(forward)
+    assert parts is not None, (forward.__module__, forward.__qualname__,
+                               forward.__code__.co_freevars, forward.__code__.co_names)
+    compiled, params = parts
+    with torch.no_grad():
+        ours, theirs = compiled([*params, *args]), forward(*args)
+        eager = model(x)
+    assert len(ours) == len(theirs) == 1
+    assert torch.equal(ours[0], theirs[0])
+    assert torch.allclose(ours[0], eager, atol=1e-6)
+
+
+def test_a_forward_that_does_more_is_called_as_it_is():
+    """A function of the same name whose code does anything more than build the list (here
+    it also counts its calls) is not taken apart; nor is any other callable."""
+    compiled_fn, params_buffers_flat, calls = (lambda args: args), [1], []
+
+    def forward(*runtime_args):
+        full_args = []
+        full_args.extend(params_buffers_flat)
+        full_args.extend(runtime_args)
+        calls.append(1)
+        return compiled_fn(full_args)
+
+    module, qualname = torch_compat.AOT_FORWARD
+    forward.__module__, forward.__qualname__ = module, qualname
+    assert torch_compat.aot_forward_parts(forward) is None
+    assert forward(2) == [1, 2] and calls == [1]
+    for other in (len, lambda *a: a, torch.nn.Linear(2, 2)):
+        assert torch_compat.aot_forward_parts(other) is None

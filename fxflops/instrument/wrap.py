@@ -375,10 +375,14 @@ def hot_function(graph: InstrumentedGraph
     the sample standing for itself and the ``every - 1`` calls after it in the total. The
     others pay no clock: the clock and the sample are most of the bookkeeping's cost, and
     a median needs a sample, not every call. Anything else (a new size, a graph that gave
-    up) goes to the object's ``_on_miss``, whose class says what to do. Returns the
+    up) goes to the object's ``_on_miss``, whose class says what to do. Where the inner is
+    AOTAutograd's unboxed forward (Inductor, no gradients), its argument list is built
+    here and its compiled function called (``torch_compat.aot_forward_parts``): one frame
+    fewer than calling it, which is what a wrapping backend's own frame costs. Returns the
     function and its rows' rebinder (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, _bound_call(graph._run), _now
+    aot_forward = None if graph.boxed else torch_compat.aot_forward_parts(graph._run)
     every = config.SAMPLE_EVERY.get()
     mask = every - 1
     # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples
@@ -419,6 +423,27 @@ def hot_function(graph: InstrumentedGraph
             return out
 
         call._boxed_call = True  # type: ignore[attr-defined]
+    elif aot_forward is not None:
+        # AOTAutograd's forward (Inductor, no gradients) is a frame that only puts the
+        # parameters before the arguments: made here, in this frame, as it makes it
+        boxed_run, params = aot_forward
+
+        def call(*args: Any) -> Any:  # type: ignore[misc]
+            try:
+                row = rows[key(args)]
+            except Exception as e:  # a new size, or something no longer readable
+                if getattr(e, _HOST, False):
+                    raise
+                return graph._on_miss(args)
+            n = row.count
+            if n & row.sample_mask:  # not sampled: counted (as it returns) only
+                out = boxed_run([*params, *args])
+                row.count = n + 1
+                return out
+            t0 = now()
+            out = boxed_run([*params, *args])
+            note(row, n, now() - t0)
+            return out
     else:
         def call(*args: Any) -> Any:  # type: ignore[misc]
             try:
