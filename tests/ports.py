@@ -39,10 +39,17 @@ def _bindable(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A free port outside the ephemeral range, not handed out before in this session."""
+    """A free port outside the ephemeral range, not handed out before in this session:
+    below it (and below 30000, where Kubernetes' node ports start), else above it; where
+    the range leaves no room, one the kernel picks (the old race, on such hosts only)."""
     low, high = _ephemeral_range()
-    below, above = range(max(1024, low - 10000), low), range(high + 1, 65536)
-    candidates = below if len(below) >= len(above) else above
+    top = min(low, 30000)
+    below, above = range(max(1024, top - 10000), top), range(high + 1, 65536)
+    candidates = max(below, above, key=len)
+    if len(candidates) < 100:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
     for _ in range(1000):
         port = _pick.choice(candidates)
         if port not in _given and _bindable(port):

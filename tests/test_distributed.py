@@ -95,13 +95,14 @@ def held(out: Path, ranks: int) -> list[Path]:
 
 def scrape_held(out: Path, ranks: int, started: list, ports: list[int]) -> list[dict]:
     """Each exporter's /metrics while the job's ``ranks`` hold, then the job stopped; a
-    scrape that fails says what the job printed."""
-    error: OSError | None = None
+    scrape that fails says what the job printed. Every node's port is served by one of its
+    ranks: none warns that its port is taken or cannot be served."""
+    error: Exception | None = None
     try:
         wait_for(held(out, ranks), started)
         time.sleep(1)  # the flush that follows the rank's file
         scraped = [scrape(port) for port in ports]
-    except OSError as e:  # refused, timed out (urllib's errors are OSErrors)
+    except Exception as e:  # refused, timed out, not HTTP, not Prometheus' text
         error = e
     finally:
         for p in started:
@@ -110,6 +111,9 @@ def scrape_held(out: Path, ranks: int, started: list, ports: list[int]) -> list[
     if error is not None:
         raise AssertionError(f"scraping {ports}: {error!r}; the job's stderr:\n" + "\n".join(
             err[-3000:] for _, err in printed)) from error
+    for _, err in printed:
+        assert "not this node's fxflops exporter" not in err and "cannot serve" not in err, \
+            err[-3000:]
     return scraped
 
 

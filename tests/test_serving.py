@@ -102,14 +102,16 @@ def test_node_exporter_serves_its_folder_once_per_port(tmp_path, monkeypatch):
         assert taken.stdout.strip() == "False" and "cannot serve" not in taken.stderr
         assert "fxflops" not in taken.stderr  # the exporter is the node's: nothing to say
     finally:
-        metrics._serving.pop(port).shutdown()
+        metrics.stop_serving(port)
 
 
 def test_a_port_another_program_holds_is_warned_about_once(tmp_path, monkeypatch,
                                                            fxflops_log):
     """A port held by something other than the node's exporter (here a bare listener, as a
-    gloo rank's is): no exporter, and one line that says so, whatever the folder says of
-    an earlier run's exporter (a process no longer running)."""
+    gloo rank's is): no exporter, and one line that says so, an earlier run's lock file in
+    the folder or not. Once the port is free, the next flush serves it and holds the
+    folder's lock, which another process of the node then cannot take."""
+    import fcntl
     import socket
 
     from fxflops.outputs import prometheus as metrics
@@ -121,8 +123,8 @@ def test_a_port_another_program_holds_is_warned_about_once(tmp_path, monkeypatch
     monkeypatch.setenv("FXFLOPS_PROMETHEUS_PORT", str(port))
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setenv("FXFLOPS_PROMETHEUS_DIR", str(folder))
-    dead = procs.run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout.strip()
-    (folder / f"exporter-{port}.pid").write_text(dead)  # an earlier run's exporter
+    lock = folder / f"exporter-{port}.lock"
+    lock.write_text("")  # an earlier run's exporter's, released when it ended
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
@@ -132,12 +134,15 @@ def test_a_port_another_program_holds_is_warned_about_once(tmp_path, monkeypatch
     assert len(lines) == 1, lines
     assert f"port {port} is taken by a program that is not this node's fxflops exporter" \
         in lines[0] and str(folder) in lines[0] and "\n" not in lines[0]
-    # the program gone, the next flush serves the port and names this process
     try:
         assert metrics.serve_node() is True
-        assert (folder / f"exporter-{port}.pid").read_text() == str(os.getpid())
+        with open(lock) as other:  # another open file: as another process would take it
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
-        metrics._serving.pop(port).shutdown()
+        metrics.stop_serving(port)
+    with open(lock) as other:  # released with the exporter
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 # --- real servers -------------------------------------------------------------------------

@@ -126,21 +126,54 @@ def test_inductor_without_gradients_returns_the_forward_the_hot_path_takes_apart
     assert torch.allclose(ours[0], eager, atol=1e-6)
 
 
-def test_a_forward_that_does_more_is_called_as_it_is():
-    """A function of the same name whose code does anything more than build the list (here
-    it also counts its calls) is not taken apart; nor is any other callable."""
-    compiled_fn, params_buffers_flat, calls = (lambda args: args), [1], []
+_called: list[int] = []
 
-    def forward(*runtime_args):
-        full_args = []
-        full_args.extend(params_buffers_flat)
-        full_args.extend(runtime_args)
-        calls.append(1)
-        return compiled_fn(full_args)
 
-    module, qualname = torch_compat.AOT_FORWARD
-    forward.__module__, forward.__qualname__ = module, qualname
+def _forward_of(compiled_fn, params_buffers_flat, variant: str):
+    """AOTAutograd's forward's shape (``variant="same"``), or one that does a little more:
+    reads a global, keeps a local more, or closes over one more variable."""
+    calls = []
+    if variant == "same":
+        def forward(*runtime_args):
+            full_args = []
+            full_args.extend(params_buffers_flat)
+            full_args.extend(runtime_args)
+            return compiled_fn(full_args)
+    elif variant == "global":
+        def forward(*runtime_args):
+            full_args = []
+            full_args.extend(params_buffers_flat)
+            full_args.extend(runtime_args)
+            _called.append(1)
+            return compiled_fn(full_args)
+    elif variant == "local":
+        def forward(*runtime_args):
+            full_args = []
+            full_args.extend(params_buffers_flat)
+            full_args.extend(runtime_args)
+            n = len(full_args)
+            return compiled_fn(full_args[:n])
+    else:
+        def forward(*runtime_args):
+            full_args = []
+            full_args.extend(params_buffers_flat)
+            full_args.extend(runtime_args)
+            calls.append(1)
+            return compiled_fn(full_args)
+    forward.__module__, forward.__qualname__ = torch_compat.AOT_FORWARD
+    return forward
+
+
+@pytest.mark.parametrize("variant", ["global", "local", "free"])
+def test_a_forward_that_does_more_is_called_as_it_is(variant):
+    """The shape is taken apart only as it is: a function of the same name whose code
+    reads a global, keeps another local or closes over another variable is not (nor is
+    any other callable), and is called as it is."""
+    compiled_fn = lambda args: args  # noqa: E731
+    same = torch_compat.aot_forward_parts(_forward_of(compiled_fn, [1], "same"))
+    assert same is not None and same[0] is compiled_fn and same[1] == [1]
+    forward = _forward_of(compiled_fn, [1], variant)
     assert torch_compat.aot_forward_parts(forward) is None
-    assert forward(2) == [1, 2] and calls == [1]
+    assert forward(2) == [1, 2]
     for other in (len, lambda *a: a, torch.nn.Linear(2, 2)):
         assert torch_compat.aot_forward_parts(other) is None

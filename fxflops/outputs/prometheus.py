@@ -33,7 +33,7 @@ from fxflops.report.build import forward_figures_of
 from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
 from fxflops.report.figures import sorted_rows
 from fxflops.report.peaks import process_peak
-from fxflops.util import atomic_text, stop_signals_blocked, warn_once
+from fxflops.util import stop_signals_blocked, warn_once
 
 if TYPE_CHECKING:
     from fxflops.recording.size_stats import SizeStats
@@ -262,12 +262,12 @@ def serve_node(directory: str | None = None) -> bool:
     """With ``FXFLOPS_PROMETHEUS_PORT``: serve the counters every fxflops process of this
     node writes (``files_dir()``) on that port, from this process if no other does yet.
 
-    The first process to bind the port serves the node, and names itself in the folder;
-    the others find the port taken by it, only write their files, and try again at their
-    next flush (so that another takes over if it ends). A port some other program holds is
-    warned about once (the counters are still written). Files of processes no longer
-    running when the exporter starts are an earlier run's: removed. Returns whether this
-    process serves the node's counters."""
+    The process that holds the folder's exporter lock (``exporter-PORT.lock``) serves the
+    node; the others only write their files and try again at their next flush (so that
+    another takes over if it ends: the lock goes with its process). A port that the lock's
+    holder cannot bind is some other program's: warned about once (the counters are still
+    written). Files of processes no longer running when the exporter starts are an earlier
+    run's: removed. Returns whether this process serves the node's counters."""
     port = config.PROMETHEUS_PORT.get()
     if port is None:
         return False
@@ -279,16 +279,21 @@ def serve_node(directory: str | None = None) -> bool:
     from prometheus_client import CollectorRegistry, start_http_server
 
     os.makedirs(directory, exist_ok=True)
+    lock = _exporter_lock(directory, port)
+    if lock is None:  # another live process of this node serves it
+        return False
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(directory))
     try:
         with stop_signals_blocked():  # its serving thread: not the one a signal lands on
             server, _ = start_http_server(port, registry=registry)
     except OSError as e:
+        if lock >= 0:
+            os.close(lock)  # another process of the node may bind it later
         if e.errno != errno.EADDRINUSE:
             warn_once(f"node-exporter:{port}", "fxflops: cannot serve the counters on port "
                       "%s (%s); they are still written to %s", port, e, directory)
-        elif not _exporter_of_node(directory, port):
+        elif lock >= 0:  # with the lock held, no exporter of this node has the port
             warn_once(f"node-exporter:{port}", "fxflops: port %s is taken by a program that "
                       "is not this node's fxflops exporter: the counters are written to %s "
                       "but not served (set FXFLOPS_PROMETHEUS_PORT to a free port)", port,
@@ -296,49 +301,53 @@ def serve_node(directory: str | None = None) -> bool:
         return False
     _forget_in_children()
     _serving[port] = server
-    _note_exporter(directory, port)
+    if lock >= 0:
+        _locks[port] = lock
     _forget_dead(directory)
     return True
 
 
-# The port's holder, when a bind finds it taken, is this node's exporter only if the
-# folder names a live process as serving it: anything may hold a port (a port-0 bind of
-# gloo, ZMQ or a store draws from the same ephemeral range a free port was picked from),
-# and a client would then talk to that program. The serving process writes its pid just
-# after it binds, so a process that finds the port taken waits that long for the file.
-_EXPORTER_FILE = "exporter-{port}.pid"
-_EXPORTER_WAIT_S = 0.5
-_foreign: set[int] = set()  # ports found held by another program (waited for once)
+# The node's exporter is whoever holds the folder's lock for the port, not whoever holds
+# the port: anything may hold a port (a port-0 bind of gloo, ZMQ or a store draws from the
+# ephemeral range a free port may have been picked from), and a client would then talk to
+# that program. An advisory ``flock``: released when its process ends, however it ends.
+_locks: dict[int, int] = {}  # port -> the held lock's descriptor (while serving)
 
 
-def _note_exporter(directory: str, port: int) -> None:
+def _exporter_lock(directory: str, port: int) -> int | None:
+    """The folder's exporter lock for ``port``, taken: its descriptor; None where another
+    process holds it; -1 where no lock can be had here (no ``fcntl``, a folder that cannot
+    hold the file): the bind alone decides, and a taken port is not warned about."""
     try:
-        atomic_text(str(os.getpid()), os.path.join(directory, _EXPORTER_FILE.format(port=port)))
-    except OSError as e:
-        warn_once(f"node-exporter-file:{port}", "fxflops: cannot write %s's exporter file "
-                  "(%s); the node's other processes may warn that port %s is taken",
-                  directory, e, port)
+        import fcntl
+    except ImportError:
+        return -1
+    try:
+        fd = os.open(os.path.join(directory, f"exporter-{port}.lock"), os.O_RDWR | os.O_CREAT,
+                     0o666)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # a file system without flock
+        os.close(fd)
+        return -1
+    return fd
 
 
-def _exporter_of_node(directory: str, port: int) -> bool:
-    """Whether a live process of this node serves ``port`` (its file in ``directory``)."""
-    import time
-
-    path = os.path.join(directory, _EXPORTER_FILE.format(port=port))
-    deadline = time.monotonic() + (0.0 if port in _foreign else _EXPORTER_WAIT_S)
-    while True:
-        try:
-            with open(path) as f:
-                pid = int(f.read().strip())
-            if pid != os.getpid() and _alive(pid):
-                _foreign.discard(port)
-                return True
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() >= deadline:
-            _foreign.add(port)
-            return False
-        time.sleep(0.01)
+def stop_serving(port: int) -> None:
+    """Stop this process's exporter on ``port`` and let another process of the node take
+    it (its lock released)."""
+    server = _serving.pop(port, None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    lock = _locks.pop(port, None)
+    if lock is not None:
+        os.close(lock)
 
 
 def _forget_dead(directory: str) -> None:
@@ -370,6 +379,12 @@ def _forget_server_in_child() -> None:
         except OSError:
             pass
     _serving.clear()
+    for lock in _locks.values():  # the parent's lock stays the parent's (and ends with it)
+        try:
+            os.close(lock)
+        except OSError:
+            pass
+    _locks.clear()
     _open.clear()
 
 
