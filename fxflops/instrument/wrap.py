@@ -404,6 +404,9 @@ def hot_function(graph: InstrumentedGraph
         row.timed = t + 1
         row.count = n + 1
 
+    # One body per way of calling the inner (boxed, AOTAutograd's forward taken apart,
+    # unpacked): the inner's call is made in this frame, which is the point, so the three
+    # cannot share a helper for it without paying the frame they exist to save.
     if graph.boxed:
         def call(args: list[Any]) -> Any:
             try:
