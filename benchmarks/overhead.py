@@ -10,8 +10,12 @@
    afresh each round (``call_style`` says why):
 
    - ``bare``: ``torch.compile(m, backend=inner)``;
-   - ``bare again``: a second bare compile (the A/A control: what this machine's noise and
-     the code's placement in memory make of two identical callables);
+   - ``bare again``: the bare callable again, timed in blocks of its own (the A/A
+     control: what this machine's noise and the order of the blocks make of one callable
+     timed twice). Not a second bare compile: Dynamo keeps one cache entry for equal
+     backends, and a compile whose backend object is not the entry's own pays the
+     backends' Python ``__eq__`` (``torch._TorchCompileWrapper``'s) twice on every call,
+     about 1 us (docs/benchmarks.md);
    - ``floor``: a backend that does nothing but what fxflops' wrapper shape costs: it
      compiles the inner as fxflops does and returns a function that calls it (Dynamo's
      disable wrapper, one Python frame);
@@ -20,9 +24,11 @@
    - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
      first 16 calls pay).
 
-   Each call is timed alone, in blocks of ``BLOCK`` calls of one variant; a round's figure
-   is the median per variant; the figures are the medians over ``--rounds`` rounds of the
-   per-round differences. Goal: fxflops against bare at most 1 us; fxflops against the
+   Calls go in blocks of ``BLOCK`` calls of one variant, each block timed as a whole: its
+   mean per call, which holds the sampled calls' share of the cost as a user pays it; a
+   round's figure is the median over its blocks per variant (a block an interrupt hit
+   weighs no more than any other); the figures are the medians over ``--rounds`` rounds
+   of the per-round differences. Goal: fxflops against bare at most 1 us; fxflops against the
    floor is fxflops' own bookkeeping.
 2. fxflops' bookkeeping alone: its hot function around a callable that does nothing,
    minus that callable called from a function of the same shape (goal: at most 1 us), in
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import statistics
 import time
 import tracemalloc
@@ -53,11 +60,13 @@ GOAL_NS = 1000
 # calls per size before measuring: past the calls every one of which fxflops times
 WARM_CALLS = config.TIMED_FIRST + 36
 VARIANTS = ("bare", "bare again", "floor", "fxflops", "timed")
-# calls of one variant in a row: a call is timed after calls of its own (as a served graph
-# is called), not after another variant's, whose code and data it would find in the
-# caches in its place (called one by one in rotation, a second bare compile read 0.8-2.8 us
-# faster than the first: it always followed the first, the same code)
-BLOCK = 40
+# calls of one variant in a row, timed together: a call runs after calls of its own (as a
+# served graph is called), not after another variant's, whose code and data it would find
+# in the caches in its place. A multiple of 16 (``FXFLOPS_SAMPLE_EVERY``'s default) times
+# each style's sizes (1 or 3): every block holds the same number of sampled calls, one
+# per size in 16 of its calls. (The median of calls timed one by one leaves a sampled
+# call's cost out, or counts it by the spread of the others: not what a user pays.)
+BLOCK = 48
 
 
 @contextlib.contextmanager
@@ -112,24 +121,30 @@ def floor_backend(inner: str) -> Any:
 def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
                       order: list[int]) -> list[Any]:
     """The five variants of one style, compiled afresh (in ``order``) and warmed past a
-    size's first calls; returned in ``VARIANTS`` order."""
+    size's first calls; returned in ``VARIANTS`` order (``bare again`` is ``bare``)."""
     torch._dynamo.reset()
-    backends = [inner, inner, floor_backend(inner), fxflops.backend(inner=inner),
+    backends = [inner, None, floor_backend(inner), fxflops.backend(inner=inner),
                 fxflops.backend(inner=inner)]
     fns: list[Any] = [None] * len(backends)
+    # one module for all five: each compile's graph reads the same parameters, so no
+    # variant's figure depends on where its own weights landed in memory
+    block = Block()
     with torch.set_grad_enabled(grad):
         for v in order:
-            fns[v] = fn = torch.compile(Block(), backend=backends[v], dynamic=True)
+            if backends[v] is None:  # ``bare again``: bare's callable
+                continue
+            fns[v] = fn = torch.compile(block, backend=backends[v], dynamic=True)
             # the graph is made at the first call
             with sample_every("1" if VARIANTS[v] == "timed" else None):
                 for _ in range(WARM_CALLS):
                     for x in inputs:
                         fn(x)
+    fns[VARIANTS.index("bare again")] = fns[VARIANTS.index("bare")]
     return fns
 
 
 def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
-    """The five variants of one style, called in rotation, ``BLOCK`` calls at a time; the
+    """The five variants of one style, called in turn, ``BLOCK`` calls at a time; the
     medians of the per-round differences (ns) and the bare call's median.
 
     Each round compiles every variant afresh, in a rotated order: where one callable's
@@ -139,23 +154,32 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
     inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
     now = time.perf_counter_ns
     diffs: dict[str, list[float]] = {"bare again": [], "floor": [], "fxflops": [],
-                                     "fxflops - floor": [], "timed": []}
+                                     "fxflops - floor": [], "timed": [], "fxflops p50": []}
     bare_ms: list[float] = []
     n = len(VARIANTS)
     for r in range(rounds):
         fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)])
-        samples: list[list[int]] = [[] for _ in fns]
+        means: list[list[float]] = [[] for _ in fns]  # per block: its calls' mean
+        calls: list[list[int]] = [[] for _ in fns]  # per call
+        # each pass over the variants in an order of its own: which variant's block a
+        # block follows (whose code and data it finds in the caches) is then the same for
+        # all of them on average (in a fixed rotation ``bare again`` mostly followed
+        # ``bare``, the same code, and read 0.1-0.35 us faster than it)
+        shuffle = random.Random(r).shuffle
         with torch.set_grad_enabled(grad):
-            for b in range(max(1, iters // BLOCK)):
-                k = b % n
-                for j in list(range(k, n)) + list(range(k)):
-                    fn, taken = fns[j], samples[j]
+            for _ in range(max(1, iters // BLOCK)):
+                passes = list(range(n))
+                shuffle(passes)
+                for j in passes:
+                    fn, taken = fns[j], calls[j]
                     for i in range(BLOCK):
                         x = inputs[i % sizes]
                         t0 = now()
                         fn(x)
                         taken.append(now() - t0)
-        med = [statistics.median(s) for s in samples]
+                    means[j].append(sum(taken[-BLOCK:]) / BLOCK)
+        med = [statistics.median(s) for s in means]
+        diffs["fxflops p50"].append(statistics.median(calls[3]) - statistics.median(calls[0]))
         bare_ms.append(med[0])
         diffs["bare again"].append(med[1] - med[0])
         diffs["floor"].append(med[2] - med[0])
@@ -169,9 +193,9 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
 
 def every_call_style(iters: int, rounds: int) -> None:
     print("through torch.compile, per call (us; medians of per-round differences against "
-          "bare; goal: fxflops <= +1 us)")
+          "bare, of the blocks' means; goal: fxflops <= +1 us)")
     print(f"{'inner':9} {'grad':5} {'sizes':5} {'bare':>8} {'A/A':>7} {'floor':>7} "
-          f"{'fxflops':>8} {'own':>7}  goal    {'timed':>7}")
+          f"{'fxflops':>8} {'own':>7}  goal    {'timed':>7} {'p50':>7}")
     for inner in ("inductor", "eager"):
         for grad in (False, True):
             for sizes in (1, 3):
@@ -180,11 +204,13 @@ def every_call_style(iters: int, rounds: int) -> None:
                 print(f"{inner:9} {'on' if grad else 'off':5} {sizes:5} {r['bare'] / 1e3:8.2f} "
                       f"{r['bare again'] / 1e3:+7.2f} {r['floor'] / 1e3:+7.2f} "
                       f"{r['fxflops'] / 1e3:+8.2f} {r['fxflops - floor'] / 1e3:+7.2f}  "
-                      f"{ok:6}  {r['timed'] / 1e3:+7.2f}", flush=True)
-    print("(A/A: a second bare compile against the first, this machine's noise; floor: "
+                      f"{ok:6}  {r['timed'] / 1e3:+7.2f} {r['fxflops p50'] / 1e3:+7.2f}",
+                      flush=True)
+    print("(A/A: the bare callable timed again, this machine's noise; floor: "
           "a backend that only calls the inner; own: fxflops against the floor; timed: "
           "fxflops with every call timed, FXFLOPS_SAMPLE_EVERY=1, as a size's first "
-          f"{config.TIMED_FIRST} calls are)")
+          f"{config.TIMED_FIRST} calls are; p50: fxflops' median call against bare's, "
+          "which leaves the sampled calls out)")
 
 
 def per_call_ns(fn: Any, args: tuple, n: int) -> float:
@@ -264,6 +290,11 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=4000, help="calls per variant per round")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    import platform
+
+    print(f"torch {torch.__version__}, Python {platform.python_version()}, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs")
     every_call_style(args.iters, args.rounds)
     hot, graph_args = bookkeeping_alone(args.rounds)
     memory(hot, graph_args, args.calls, args.sizes)

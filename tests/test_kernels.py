@@ -289,6 +289,23 @@ def test_peak_measure_is_kept_as_this_hosts_peak(tmp_path):
         assert got["kept"] <= 1.5 * got["derived"]
 
 
+def test_peak_prints_the_table_peak_readably_and_says_when_a_matmul_passes_it(tmp_path):
+    """``fxflops peak``: the table peak in four significant figures (not a float's repr),
+    and a note when the matmul it measures passes it (a derived peak is as high as the
+    clock the CPU admits to, which a VM's turbo passes), which a peak above it omits."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    printed = {}
+    for told in ("0.000123456789", "123456789"):
+        result = procs.run([sys.executable, "-m", "fxflops.cli.main", "peak", "--n", "128"],
+                           env={**env, "FXFLOPS_PEAK_TFLOPS": told})
+        assert result.returncode == 0, result.stderr
+        printed[told] = result.stdout
+    assert "table peak:   0.0001235 TFLOP/s" in printed["0.000123456789"]
+    assert "table peak:   1.235e+08 TFLOP/s" in printed["123456789"]
+    note = "the table peak is below what this matmul reached"
+    assert note in printed["0.000123456789"] and note not in printed["123456789"]
+
+
 @pytest.mark.vllm
 def test_vllm_mode2_inductor_graph_kernels_at_every_size(tmp_path):
     """vLLM, mode 2 with backend "fxflops" (Inductor): the model's graph mapped to its

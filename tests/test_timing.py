@@ -16,6 +16,7 @@ events on their device; a replay's host cost does not grow with the calls it hol
 from __future__ import annotations
 
 import collections
+import re
 import threading
 
 import pytest
@@ -332,7 +333,10 @@ def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch
     for n in (3, 4):
         compiled(torch.randn(n))
     (graph,) = made
-    assert callable(graph.hot) and type(graph.hot).__name__ == "function"
+    # an eager inner's: a copy of the graph module's generated forward with the bookkeeping
+    # in it, a method of that module (instrument/inline.py)
+    assert type(graph.hot).__name__ == "method"
+    assert graph.hot.__func__.__code__.co_filename.startswith("<fxflops fxflops_graph0 #")
     unwrap = torch_compat.get("innermost_fn")
     assert unwrap(graph) is graph.hot  # what Dynamo's disable wrapper calls
 
@@ -514,8 +518,14 @@ AOT_FORWARD_FRAME = collections.Counter({("aot_autograd.py", "forward"): 1,
                                          ("builtin", "list.extend"): 2})
 
 
+# with an eager inner, fxflops' call is the generated forward with the bookkeeping in it:
+# the floor's function and the generated forward it calls are one frame there
+GENERATED_FORWARD = collections.Counter({("<eval_with_key>", "forward"): 1})
+
+
 @pytest.mark.parametrize("inner,grad,floor_only", [
-    ("eager", False, None), ("inductor", True, None), ("inductor", False, AOT_FORWARD_FRAME)],
+    ("eager", False, GENERATED_FORWARD), ("inductor", True, None),
+    ("inductor", False, AOT_FORWARD_FRAME)],
     ids=["eager-dynamo-graph", "inductor-aot-forward-boxed", "inductor-aot-forward-unboxed"])
 def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, floor_only):
     """The overhead benchmark's floor (a backend that only calls the inner, compiled as
@@ -523,7 +533,9 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
     off (Dynamo's graph, eager or Inductor inside) and on (AOTAutograd's boxed forward
     graph, Inductor inside): past a size's first calls, one call enters no Python function
     or builtin the floor's does not, fxflops' hot function in place of the floor's one
-    function (its key, lookup and count are bytecode in that function; with grad on,
+    function (its key, lookup and count are bytecode in that function; with an eager
+    inner, that function is the graph's generated forward with the bookkeeping in it, so
+    the floor's call of the generated forward is not made either; with grad on,
     Inductor's runtime wrapper calls it directly where the floor goes through one more
     ``__call__``; with grad off, it builds AOTAutograd's argument list where the floor
     calls AOTAutograd's ``forward`` to build it); a sampled call adds the two clock reads
@@ -551,20 +563,26 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
     (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
     assert next(iter(graph.rows.values())).count == 49
 
-    def without_frames(counts):  # the graph modules' generated forwards differ by name
-        return collections.Counter({k: v for k, v in counts.items()
-                                    if not k[0].startswith("<eval_with_key>")})
+    def numbered(counts):  # FX's and fxflops' generated code is numbered
+        return collections.Counter({(re.sub(r"(<eval_with_key>)\.\d+$", r"\1",
+                                            re.sub(r" #\d+>$", ">", file)), name): n
+                                    for (file, name), n in counts.items()})
 
-    floor_made, ours_made = without_frames(made["floor"]), without_frames(made["ours"])
+    floor_made, ours_made = numbered(made["floor"]), numbered(made["ours"])
     assert floor_made.pop(("overhead.py", "call")) == 1
-    assert ours_made.pop(("wrap.py", "call")) == 1
+    hot = ("<fxflops fxflops_graph0>", "forward") if inner == "eager" else ("wrap.py", "call")
+    assert ours_made.pop(hot) == 1
     assert ours_made - floor_made == collections.Counter()
     if floor_only is None:
         assert sum((floor_made - ours_made).values()) <= 1
     else:
         assert floor_made - ours_made == floor_only
-    assert without_frames(sampled) - without_frames(made["ours"]) == \
-        collections.Counter({("builtin", "perf_counter_ns"): 2, ("wrap.py", "note"): 1})
+    # a sampled call: the clock twice and its note (with an eager inner, also ``timed``,
+    # which times the generated forward)
+    by_timed = collections.Counter({("wrap.py", "timed"): 1, ("<eval_with_key>", "forward"): 1}
+                                   if inner == "eager" else {})
+    assert numbered(sampled) - numbered(made["ours"]) == collections.Counter(
+        {("builtin", "perf_counter_ns"): 2, ("wrap.py", "note"): 1, **by_timed})
 
 
 @pytest.mark.gpu

@@ -71,13 +71,22 @@ def run(args: argparse.Namespace) -> int:
     table = current_peak(name, dtype)
     tflops, gbps = measure(device, dtype, n)
     print(f"device: {name}  dtype: {dtype}  matmul {n}x{n}")
-    print(f"table peak:   {table['tflops'] or '-'} TFLOP/s  {table['gbps'] or '-'} GB/s  "
+    print(f"table peak:   {_figure(table['tflops'])} TFLOP/s  {_figure(table['gbps'])} GB/s  "
           f"[{table['source']}]")
-    print(f"measured:     {tflops:.2f} TFLOP/s  {gbps:.1f} GB/s")
+    print(f"measured:     {tflops:.3g} TFLOP/s  {gbps:.4g} GB/s")
     if table["tflops"]:
-        print(f"matmul MFU of the measured peak: {tflops / table['tflops']:.1%}")
+        print(f"matmul MFU of the table peak: {tflops / table['tflops']:.1%}")
+        if tflops > table["tflops"]:
+            # a derived peak is only as high as the clock the machine admits to (a VM's
+            # current clock, not the turbo it runs its cores at)
+            print("the table peak is below what this matmul reached: "
+                  "`fxflops peak --measure` keeps the measured one for this device")
     print(f"use: FXFLOPS_PEAK_TFLOPS={tflops:.3g} FXFLOPS_PEAK_GBPS={gbps:.4g}")
     return 0
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:.4g}" if value else "-"
 
 
 def _measure_and_keep(device: str, n: int) -> int:

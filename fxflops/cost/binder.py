@@ -38,13 +38,19 @@ class SizeBinder:
         self.key = self._compile_key()
 
     def _compile_key(self) -> Callable[[Sequence[Any]], Any]:
-        terms = [f"args[{i}]" if d is None else f"args[{i}].size({d})"
-                 for _, i, d in self.sources]
-        if len(terms) == 1 and self.sources[0][2] is None:
+        if len(self.sources) == 1 and self.sources[0][2] is None:
             return operator.itemgetter(self.sources[0][1])
+        # built from ints only
+        return eval(f"lambda args: {self.expression(lambda i: f'args[{i}]')}")
+
+    def expression(self, argument: Callable[[int], str]) -> str:
+        """The key as a Python expression over the call's arguments, ``argument(i)``
+        naming the ``i``-th (what ``key`` computes: an int, a tuple of them, or ``()``)."""
+        terms = [argument(i) if d is None else f"{argument(i)}.size({d})"
+                 for _, i, d in self.sources]
         if len(terms) == 1:
-            return eval(f"lambda args: {terms[0]}")  # built from ints only
-        return eval(f"lambda args: ({', '.join(terms)}{',' if terms else ''})")
+            return terms[0]
+        return f"({', '.join(terms)}{',' if terms else ''})"
 
     def as_tuple(self, key: Any) -> tuple[int, ...]:
         """The tuple form of a key ``key(args)`` returned."""

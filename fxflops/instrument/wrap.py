@@ -27,6 +27,7 @@ from fxflops import config, torch_compat
 from fxflops.cost import kernels as kernel_costs
 from fxflops.cost.analysis import analysis_version
 from fxflops.instrument import provenance
+from fxflops.instrument.inline import inline_forward
 from fxflops.instrument.plan import (
     GraphPlan,
     NotInstrumentable,
@@ -378,8 +379,11 @@ def hot_function(graph: InstrumentedGraph
     up) goes to the object's ``_on_miss``, whose class says what to do. Where the inner is
     AOTAutograd's unboxed forward (Inductor, no gradients), its argument list is built
     here and its compiled function called (``torch_compat.aot_forward_parts``): one frame
-    fewer than calling it, which is what a wrapping backend's own frame costs. Returns the
-    function and its rows' rebinder (``graph.use_rows``)."""
+    fewer than calling it, which is what a wrapping backend's own frame costs. Where it is
+    a graph module's generated forward (an eager inner), the bookkeeping is written into a
+    copy of that forward instead (``instrument/inline.py``): its sampled calls and misses
+    come back to ``timed`` and ``miss`` here. Returns the function and its rows' rebinder
+    (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, _bound_call(graph._run), _now
     aot_forward = None if graph.boxed else torch_compat.aot_forward_parts(graph._run)
@@ -448,6 +452,24 @@ def hot_function(graph: InstrumentedGraph
             note(row, n, now() - t0)
             return out
     else:
+        def timed(row: SizeStats, n: int, *args: Any) -> Any:
+            t0 = now()
+            out = run(*args)
+            note(row, n, now() - t0)
+            return out
+
+        def miss(error: BaseException, args: tuple[Any, ...]) -> Any:
+            if getattr(error, _HOST, False):
+                raise error
+            return graph._on_miss(args)
+
+        # an eager graph's generated forward: the bookkeeping written into a copy of it
+        # (``inline``), one frame where a wrapping function would make two
+        inlined = inline_forward(graph._run, graph.__name__, graph.record.binder.expression,
+                                 rows, timed, miss)
+        if inlined is not None:
+            return inlined
+
         def call(*args: Any) -> Any:  # type: ignore[misc]
             try:
                 row = rows[key(args)]
