@@ -29,17 +29,19 @@ def traced() -> torch.fx.GraphModule:
 
 def made(gm: torch.fx.GraphModule, rows: dict, sources=(("s0", 0, 0),)):
     handed: list = []
+    clock = iter(range(1000, 10**9, 1000))  # each read 1,000 ns after the one before
 
-    def timed(row, n, *args):
-        handed.append(("timed", row, n, args))
-        return gm.forward(*args)
+    def note(row, n, ns):  # as ``wrap.hot_function``'s: it counts the sampled call
+        handed.append(("note", row, n, ns))
+        row.count = n + 1
 
     def miss(error, args):
         handed.append(("miss", type(error).__name__, args))
         return gm.forward(*args)
 
     binder = SizeBinder(list(sources))
-    result = inline_forward(gm.forward, "fxflops_graph7", binder.expression, rows, timed, miss)
+    result = inline_forward(gm.forward, "fxflops_graph7", binder.expression, rows,
+                            lambda: next(clock), note, miss)
     return result, handed
 
 
@@ -59,26 +61,30 @@ def test_an_untimed_call_runs_the_graphs_lines_and_is_counted_as_it_returns():
     assert rows[3].count == 6 and handed == []
 
 
-def test_a_sampled_call_and_an_unknown_size_are_handed_on_with_the_arguments():
+def test_a_sampled_call_is_timed_around_the_graphs_lines_and_an_unknown_size_handed_on():
     gm = traced()
     rows = {3: row(3, 16, 15)}  # 16 & 15 == 0: this call is sampled
     (forward, _), handed = made(gm, rows)
     x = torch.randn(3, 4)
     assert torch.equal(forward(x, 1), gm.forward(x, 1))
-    assert handed == [("timed", rows[3], 16, (x, 1))]
-    assert rows[3].count == 16  # ``timed`` counts it (``note``), not the copy
+    assert handed == [("note", rows[3], 16, 1000)]  # two clock reads, one call apart
+    assert rows[3].count == 17  # counted once, by ``note``
+    assert torch.equal(forward(x, 1), gm.forward(x, 1))  # 17 & 15: not sampled
+    assert rows[3].count == 18 and len(handed) == 1
     y = torch.randn(5, 4)
     assert torch.equal(forward(y, 1), gm.forward(y, 1))
-    assert handed[1] == ("miss", "KeyError", (y, 1))
+    assert handed[1:] == [("miss", "KeyError", (y, 1))]
 
 
 def test_a_call_that_raises_is_not_counted_and_its_traceback_shows_the_line():
     gm = traced()
-    rows = {3: row(3, 5, 15)}
-    (forward, _), _ = made(gm, rows)
+    rows = {3: row(3, 5, 15), 2: row(2, 32, 15)}  # the second one sampled
+    (forward, _), handed = made(gm, rows)
     with pytest.raises(RuntimeError) as raised:
         forward(torch.randn(3, 5), 0)  # 5 columns against 4 weights
-    assert rows[3].count == 5
+    with pytest.raises(RuntimeError):
+        forward(torch.randn(2, 5), 0)
+    assert (rows[3].count, rows[2].count, handed) == (5, 32, [])
     text = "".join(traceback.format_exception(raised.value))
     assert "<fxflops fxflops_graph7 #" in text and "mul = x * weight" in text
 
@@ -112,7 +118,8 @@ def test_it_declines_what_is_not_fxs_shape():
             return x
 
     w = Wrapped()
-    assert inline_forward(w.forward, "g", SizeBinder([]).expression, {}, print, print) is None
+    assert inline_forward(w.forward, "g", SizeBinder([]).expression, {}, print, print,
+                          print) is None
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

@@ -5,11 +5,12 @@ generated ``forward``: plain Python, the graph's ops one per line. A wrapping fu
 around it costs a frame, the arguments packed and unpacked, and a key function's call on
 every call, on top of the bookkeeping itself. Here the bookkeeping is put at the top of a
 copy of that ``forward`` instead, as FX generates code: the size key read from the
-arguments by name, one dict lookup, the count as the call returns, and the sampling mask
-tested; a sampled call (one in ``FXFLOPS_SAMPLE_EVERY`` past a size's first calls) and a
-call its rows do not serve go to functions of ``wrap.hot_function``'s, which time or
-route it as they do any call. So an untimed call runs the graph's lines in one frame, as
-the bare backend's does, plus a dozen bytecodes.
+arguments by name, one dict lookup, the sampling mask tested, and the count as the call
+returns; a sampled call (one in ``FXFLOPS_SAMPLE_EVERY`` past a size's first calls) reads
+the clock around the graph's lines and hands the sample to ``wrap.hot_function``'s
+``note``, and a call its rows do not serve goes to its ``miss``, which routes it as any
+path does. So a call runs the graph's lines in one frame, as the bare backend's does,
+plus a dozen bytecodes (and the clock, when sampled).
 
 The copy is made from the module's generated source (``GraphModule.code``) with ``ast``,
 and only where that source has the shape FX gives a Dynamo graph: one ``forward(self,
@@ -38,19 +39,26 @@ try:
 except Exception as _fxflops_error:
     return _fxflops_miss(_fxflops_error, ({args}))
 _fxflops_n = _fxflops_row.count
-if not _fxflops_n & _fxflops_row.sample_mask:
-    return _fxflops_timed(_fxflops_row, _fxflops_n, {args})
+if _fxflops_n & _fxflops_row.sample_mask:
+    _fxflops_t0 = None
+else:
+    _fxflops_t0 = _fxflops_now()
 """
-# the count as the call returns: a call that raises is not counted, as on every path
+# the count as the call returns (a call that raises is not counted, as on every path), by
+# ``note`` for a sampled call
 _EPILOGUE = """\
 _fxflops_out = {value}
-_fxflops_row.count = _fxflops_n + 1
+if _fxflops_t0 is None:
+    _fxflops_row.count = _fxflops_n + 1
+else:
+    _fxflops_note(_fxflops_row, _fxflops_n, _fxflops_now() - _fxflops_t0)
 return _fxflops_out
 """
 
 
 def inline_forward(run: Any, name: str, key: Callable[[Callable[[int], str]], str],
-                   rows: dict[Any, Any], timed: Callable[..., Any],
+                   rows: dict[Any, Any], now: Callable[[], int],
+                   note: Callable[[Any, int, int], None],
                    miss: Callable[[BaseException, tuple[Any, ...]], Any]
                    ) -> tuple[Callable[..., Any], Callable[[dict[Any, Any]], None]] | None:
     """``run`` (a ``GraphModule``'s generated ``forward``, bound) with the bookkeeping in it,
@@ -58,9 +66,10 @@ def inline_forward(run: Any, name: str, key: Callable[[Callable[[int], str]], st
     ``forward`` or its source has another shape.
 
     ``key(argument)``: the size key as an expression over the arguments
-    (``SizeBinder.expression``); ``rows``: the rows the key looks up; ``timed(row, n,
-    *args)``: a sampled call, the ``n``-th of its size (it calls ``run``); ``miss(error,
-    args)``: a call whose key is not in ``rows`` (or could not be read)."""
+    (``SizeBinder.expression``); ``rows``: the rows the key looks up; ``now``: the clock a
+    sampled call is timed on, ``note(row, n, ns)`` noting it (the ``n``-th call of its
+    size; it counts the call); ``miss(error, args)``: a call whose key is not in ``rows``
+    (or could not be read)."""
     module = getattr(run, "__self__", None)
     function = getattr(run, "__func__", None)
     if not isinstance(module, torch.fx.GraphModule) or function is None \
@@ -86,8 +95,8 @@ def inline_forward(run: Any, name: str, key: Callable[[Callable[[int], str]], st
     source = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
     filename = f"<fxflops {name} #{next(_COPIES)}>"
     namespace = dict(function.__globals__)  # FX's names for the graph's code, and ours
-    namespace.update({f"{_PREFIX}rows": rows, f"{_PREFIX}timed": timed,
-                      f"{_PREFIX}miss": miss})
+    namespace.update({f"{_PREFIX}rows": rows, f"{_PREFIX}now": now,
+                      f"{_PREFIX}note": note, f"{_PREFIX}miss": miss})
     exec(compile(source, filename, "exec"), namespace)
     # the source, for tracebacks through it (kept: an entry without a file's mtime is)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

@@ -381,8 +381,8 @@ def hot_function(graph: InstrumentedGraph
     here and its compiled function called (``torch_compat.aot_forward_parts``): one frame
     fewer than calling it, which is what a wrapping backend's own frame costs. Where it is
     a graph module's generated forward (an eager inner), the bookkeeping is written into a
-    copy of that forward instead (``instrument/inline.py``): its sampled calls and misses
-    come back to ``timed`` and ``miss`` here. Returns the function and its rows' rebinder
+    copy of that forward instead (``instrument/inline.py``): its samples come back to
+    ``note`` here, and its misses to ``miss``. Returns the function and its rows' rebinder
     (``graph.use_rows``)."""
     rows = graph._rows
     key, run, now = graph._key, _bound_call(graph._run), _now
@@ -452,12 +452,6 @@ def hot_function(graph: InstrumentedGraph
             note(row, n, now() - t0)
             return out
     else:
-        def timed(row: SizeStats, n: int, *args: Any) -> Any:
-            t0 = now()
-            out = run(*args)
-            note(row, n, now() - t0)
-            return out
-
         def miss(error: BaseException, args: tuple[Any, ...]) -> Any:
             if getattr(error, _HOST, False):
                 raise error
@@ -466,7 +460,7 @@ def hot_function(graph: InstrumentedGraph
         # an eager graph's generated forward: the bookkeeping written into a copy of it
         # (``inline``), one frame where a wrapping function would make two
         inlined = inline_forward(graph._run, graph.__name__, graph.record.binder.expression,
-                                 rows, timed, miss)
+                                 rows, now, note, miss)
         if inlined is not None:
             return inlined
 
