@@ -410,7 +410,9 @@ def hot_function(graph: InstrumentedGraph
 
     # One body per way of calling the inner (boxed, AOTAutograd's forward taken apart,
     # unpacked): the inner's call is made in this frame, which is the point, so the three
-    # cannot share a helper for it without paying the frame they exist to save.
+    # cannot share a helper for it without paying the frame they exist to save. (An eager
+    # graph's generated forward goes further: the bookkeeping is written into a copy of
+    # it, ``inline``, and this frame is not made at all.)
     if graph.boxed:
         def call(args: list[Any]) -> Any:
             try:
