@@ -5,9 +5,10 @@
 1. **What users pay**, through ``torch.compile`` as they call it, in every call style:
    Inductor and eager inside; grad mode off and on (a module whose weights need grad:
    with grad on, Dynamo's graph needs a backward, and fxflops times AOTAutograd's forward
-   graph); one size, and three sizes in turn. Five compiles of the same module per
-   style, called in rotation so that each sees the same machine state, and compiled
-   afresh each round (``call_style`` says why):
+   graph); one size, and three sizes in turn. Four compiles of one module per style
+   (five variants: bare's callable is timed twice), called in a shuffled order so that
+   each sees the same machine state, and compiled afresh each round (``call_style`` says
+   why):
 
    - ``bare``: ``torch.compile(m, backend=inner)``;
    - ``bare again``: the bare callable again, timed in blocks of its own (the A/A

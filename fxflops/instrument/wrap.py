@@ -408,6 +408,13 @@ def hot_function(graph: InstrumentedGraph
         row.timed = t + 1
         row.count = n + 1
 
+    def miss(error: BaseException, args: Any) -> Any:
+        """A call the rows do not serve (a new size, a key no longer readable): the
+        object's ``_on_miss``; a host's exception (a signal handler's) goes on up."""
+        if getattr(error, _HOST, False):
+            raise error
+        return graph._on_miss(args)
+
     # One body per way of calling the inner (boxed, AOTAutograd's forward taken apart,
     # unpacked): the inner's call is made in this frame, which is the point, so the three
     # cannot share a helper for it without paying the frame they exist to save. (An eager
@@ -418,9 +425,7 @@ def hot_function(graph: InstrumentedGraph
             try:
                 row = rows[key(args)]
             except Exception as e:
-                if getattr(e, _HOST, False):
-                    raise
-                return graph._on_miss(args)
+                return miss(e, args)
             n = row.count
             if n & row.sample_mask:  # not sampled: counted (as it returns) only
                 out = run(args)
@@ -441,9 +446,7 @@ def hot_function(graph: InstrumentedGraph
             try:
                 row = rows[key(args)]
             except Exception as e:  # a new size, or something no longer readable
-                if getattr(e, _HOST, False):
-                    raise
-                return graph._on_miss(args)
+                return miss(e, args)
             n = row.count
             if n & row.sample_mask:  # not sampled: counted (as it returns) only
                 out = boxed_run([*params, *args])
@@ -454,11 +457,6 @@ def hot_function(graph: InstrumentedGraph
             note(row, n, now() - t0)
             return out
     else:
-        def miss(error: BaseException, args: tuple[Any, ...]) -> Any:
-            if getattr(error, _HOST, False):
-                raise error
-            return graph._on_miss(args)
-
         # an eager graph's generated forward: the bookkeeping written into a copy of it
         # (``inline``), one frame where a wrapping function would make two
         inlined = inline_forward(graph._run, graph.__name__, graph.record.binder.expression,
@@ -470,9 +468,7 @@ def hot_function(graph: InstrumentedGraph
             try:
                 row = rows[key(args)]
             except Exception as e:  # a new size, or something no longer readable
-                if getattr(e, _HOST, False):
-                    raise
-                return graph._on_miss(args)
+                return miss(e, args)
             n = row.count
             if n & row.sample_mask:  # not sampled: counted (as it returns) only
                 out = run(*args)
