@@ -1,6 +1,6 @@
 """Instructions per call through ``torch.compile``: bare, the floor, fxflops (callgrind).
 
-    python benchmarks/overhead_instructions.py [--inner eager] [--grad] [--calls 1000]
+    python benchmarks/overhead_instructions.py [--inner eager] [--grad] [--static] [--calls 1000]
 
 Wall-clock figures of a microsecond drift with the machine (benchmarks/overhead.py); the
 instructions a call executes do not. This runs itself under ``valgrind --tool=callgrind``
@@ -10,6 +10,8 @@ loops, and prints each variant's instructions per call: ``bare`` (the inner back
 ``floor`` (a backend that only calls the inner), ``fxflops`` (past a size's first 16
 calls: one in 16 timed) and ``timed`` (``FXFLOPS_SAMPLE_EVERY=1``: every call timed).
 Grad mode is off unless ``--grad`` (then the weights need grad: AOTAutograd's forward).
+Graphs are compiled with ``dynamic=True`` (the size key an int argument) unless
+``--static`` (one size, the key ``()``).
 Each variant runs twice, in turn, and the lower figure is kept; the collector is frozen
 before the loops and string hashes are fixed (``PYTHONHASHSEED=0``).
 """
@@ -31,7 +33,7 @@ import tempfile
 VARIANTS = ("bare", "floor", "fxflops", "timed") * 2
 
 
-def measure(inner: str, grad: bool, calls: int) -> None:
+def measure(inner: str, grad: bool, static: bool, calls: int) -> None:
     """(Under callgrind.) The loops, one dump each."""
     import torch
 
@@ -51,7 +53,8 @@ def measure(inner: str, grad: bool, calls: int) -> None:
     torch.set_num_threads(1)
     backends = {"bare": inner, "floor": floor_backend(inner),
                 "fxflops": fxflops.backend(inner=inner), "timed": fxflops.backend(inner=inner)}
-    fns = {name: torch.compile(Small(), backend=b, dynamic=True) for name, b in backends.items()}
+    fns = {name: torch.compile(Small(), backend=b, dynamic=None if static else True)
+           for name, b in backends.items()}
     x = torch.randn(8, 4)
     # grad on: the weights need grad, so Dynamo's graph goes through AOTAutograd and
     # fxflops times its forward graph (boxed)
@@ -77,11 +80,13 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--inner", default="eager")
     p.add_argument("--grad", action="store_true", help="grad mode on (default: off)")
+    p.add_argument("--static", action="store_true",
+                   help="static graphs, one size (default: dynamic=True)")
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        measure(args.inner, args.grad, args.calls)
+        measure(args.inner, args.grad, args.static, args.calls)
         return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -96,7 +101,8 @@ def main() -> int:
                         "--dump-instr=no", f"--callgrind-out-file={out}",
                         os.path.realpath(sys.executable), os.path.abspath(__file__),
                         "--measure", "--inner", args.inner, "--calls", str(args.calls)]
-                       + (["--grad"] if args.grad else []),
+                       + (["--grad"] if args.grad else [])
+                       + (["--static"] if args.static else []),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=3600, env=env)
         parts = sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
@@ -111,8 +117,8 @@ def main() -> int:
     for name, total in zip(VARIANTS, loops):
         per_call.setdefault(name, []).append(total / args.calls)
     bare = min(per_call["bare"])
-    print(f"instructions per call, inner {args.inner}, grad {'on' if args.grad else 'off'} "
-          f"(callgrind, {args.calls:,} calls each):")
+    print(f"instructions per call, inner {args.inner}, grad {'on' if args.grad else 'off'}, "
+          f"{'static' if args.static else 'dynamic'} (callgrind, {args.calls:,} calls each):")
     for name, values in per_call.items():
         value = min(values)
         runs = " / ".join(f"{v:,.0f}" for v in values)

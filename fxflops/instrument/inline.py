@@ -1,21 +1,31 @@
-"""An eager graph's ``forward`` with the CPU-clock bookkeeping written into it.
+"""The CPU-clock hot path written as code: the bookkeeping in a function's own lines.
 
-With an eager inner (``inner="eager"``), what Dynamo would call is the graph module's own
-generated ``forward``: plain Python, the graph's ops one per line. A wrapping function
-around it costs a frame, the arguments packed and unpacked, and a key function's call on
-every call, on top of the bookkeeping itself. Here the bookkeeping is put at the top of a
-copy of that ``forward`` instead, as FX generates code: the size key read from the
-arguments by name, one dict lookup, the sampling mask tested, and the count as the call
-returns; a sampled call (one in ``FXFLOPS_SAMPLE_EVERY`` past a size's first calls) reads
-the clock around the graph's lines and hands the sample to ``wrap.hot_function``'s
-``note``, and a call its rows do not serve goes to its ``miss``, which routes it as any
-path does. So a call runs the graph's lines in one frame, as the bare backend's does,
-plus a dozen bytecodes (and the clock, when sampled).
+Per call the hot path reads the size key, looks its row up, compares the row's count with
+the call its next sample is due at, and counts the call as it returns
+(``wrap.hot_function``). Written as a function around the inner, with the key a function
+of its own (``SizeBinder.key``), that is two frames a call and a test after the inner's
+call; written into the source of the function that calls the inner (``bookkept``) it is
+about twenty bytecodes in one: the key an expression over the arguments by name
+(``SizeBinder.expression``), one dict lookup, one int comparison, the count. The inner's
+lines are written twice, untimed and timed, so that an untimed call tests nothing after
+them. A sampled call (one in ``FXFLOPS_SAMPLE_EVERY`` past a size's first calls) reads
+the clock around the inner's lines and hands the sample to ``hot_function``'s ``note``,
+and a call its rows do not serve goes to its ``miss``, which routes it as any path does.
 
-The copy is made from the module's generated source (``GraphModule.code``) with ``ast``,
-and only where that source has the shape FX gives a Dynamo graph: one ``forward(self,
-...)`` of positional arguments, one ``return``, at its end, and no name of fxflops' own in
-it; anything else is left to the wrapping function (``inline_forward`` returns None).
+Two kinds of function are written so, one template for both:
+
+- ``wrapper``: a function that calls the inner as its calling convention asks (boxed, its
+  arguments unpacked, or AOTAutograd's forward taken apart);
+- ``inline_forward``: with an eager inner, a copy of the graph module's generated
+  ``forward`` itself, so that a call runs the graph's lines in one frame, as the bare
+  backend's does. The copy is made from the module's generated source
+  (``GraphModule.code``) with ``ast``, and only where that source has the shape FX gives
+  a Dynamo graph: one ``forward(self, ...)`` of positional arguments, one ``return``, at
+  its end, and no name of fxflops' own in it; anything else is left to a ``wrapper``
+  (``inline_forward`` returns None).
+
+Each is compiled under a file name of its own (``<fxflops NAME #N>``), its source in
+``linecache`` for tracebacks through it.
 """
 
 from __future__ import annotations
@@ -24,8 +34,8 @@ import ast
 import itertools
 import linecache
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,43 +43,127 @@ import torch
 _PREFIX = "_fxflops_"
 _COPIES = itertools.count()
 
-_PROLOGUE = """\
+# The function's body, its lines (``_fxflops_lines``: the graph's, or none) written twice:
+# once for the calls the clock skips, the path nearly every call takes (the lookup, one
+# int comparison, the count as it returns: a call that raises is not counted, as on every
+# path), and once timed, the sample handed to ``note`` (which counts the call and says
+# when the next sample is due). Two copies of the lines, so that the untimed path tests
+# nothing after them.
+_BODY = """\
 try:
     _fxflops_row = _fxflops_rows[{key}]
 except Exception as _fxflops_error:
     return _fxflops_miss(_fxflops_error, ({args}))
 _fxflops_n = _fxflops_row.count
-if _fxflops_n & _fxflops_row.sample_mask:
-    _fxflops_t0 = None
-else:
-    _fxflops_t0 = _fxflops_now()
-"""
-# the count as the call returns (a call that raises is not counted, as on every path), by
-# ``note`` for a sampled call
-_EPILOGUE = """\
-_fxflops_out = {value}
-if _fxflops_t0 is None:
+if _fxflops_n < _fxflops_row.due:
+    _fxflops_lines
+    _fxflops_out = {value}
     _fxflops_row.count = _fxflops_n + 1
-else:
-    _fxflops_note(_fxflops_row, _fxflops_n, _fxflops_now() - _fxflops_t0)
+    return _fxflops_out
+_fxflops_t0 = _fxflops_now()
+_fxflops_lines
+_fxflops_out = {value}
+_fxflops_note(_fxflops_row, _fxflops_n, _fxflops_now() - _fxflops_t0)
 return _fxflops_out
 """
+_LINES = f"{_PREFIX}lines"
 
 
-def inline_forward(run: Any, name: str, key: Callable[[Callable[[int], str]], str],
-                   rows: dict[Any, Any], now: Callable[[], int],
-                   note: Callable[[Any, int, int], None],
-                   miss: Callable[[BaseException, tuple[Any, ...]], Any]
+def _written(statements: list[ast.stmt], copies: Iterator[list[ast.stmt]]) -> list[ast.stmt]:
+    """``statements`` with each ``_fxflops_lines`` marker (at any depth, in order) replaced
+    by the next of ``copies``."""
+    out: list[ast.stmt] = []
+    for statement in statements:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Name) \
+                and statement.value.id == _LINES:
+            out.extend(next(copies))
+            continue
+        if isinstance(statement, ast.If):
+            statement.body = _written(statement.body, copies)
+        out.append(statement)
+    return out
+
+
+class Bookkeeping(NamedTuple):
+    """What the written code calls: ``rows``, the rows its key looks up (rebound through
+    the function's globals, ``bookkept``'s rebinder); ``now``, the clock a sampled call is
+    timed on; ``note(row, n, ns)``, noting a sample (the ``n``-th call of its size: it
+    counts the call); ``miss(error, args)``, a call whose key is not in ``rows`` or could
+    not be read."""
+    rows: dict[Any, Any]
+    now: Callable[[], int]
+    note: Callable[[Any, int, int], None]
+    miss: Callable[[BaseException, Any], Any]
+
+
+# the size key's expression over the arguments (``SizeBinder.expression``), given how the
+# ``i``-th argument is named
+KeyExpression = Callable[[Callable[[int], str]], str]
+
+
+def bookkept(function: ast.FunctionDef, name: str, key: str, args: str, books: Bookkeeping,
+             namespace: dict[str, Any]) -> tuple[Callable[..., Any],
+                                                 Callable[[dict[Any, Any]], None]]:
+    """``function`` (its last statement its one ``return``) with the bookkeeping written
+    in, compiled in ``namespace`` (the names its own lines read; the bookkeeping's are
+    added) and named ``name``; and its rows' rebinder. ``key``: the size key's
+    expression over its arguments; ``args``: theirs, as ``miss`` is handed them."""
+    returned = function.body[-1]
+    value = returned.value if isinstance(returned, ast.Return) else None
+    body = ast.parse(_BODY.format(key=key, args=args,
+                                  value=ast.unparse(value) if value else "None")).body
+    lines = function.body[:-1]
+    # a second copy of the lines parsed from their source (a deep copy of a large graph's
+    # tree costs more)
+    again = ast.parse(ast.unparse(ast.Module(body=lines, type_ignores=[]))).body
+    function.body = _written(body, iter((again, lines)))
+    tree = ast.Module(body=[function], type_ignores=[])
+    source = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    filename = f"<fxflops {name} #{next(_COPIES)}>"
+    namespace.update({f"{_PREFIX}{part}": obj for part, obj in books._asdict().items()})
+    exec(compile(source, filename, "exec"), namespace)
+    # the source, for tracebacks through it (kept: an entry without a file's mtime is)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    made = namespace[function.name]
+    made.__name__ = made.__qualname__ = name
+
+    def rebind(new_rows: dict[Any, Any]) -> None:
+        namespace[f"{_PREFIX}rows"] = new_rows
+
+    return made, rebind
+
+
+# a function that calls the inner as its calling convention asks: its list (boxed), its
+# arguments unpacked, or AOTAutograd's boxed compiled function with the parameters first
+_WRAPPERS = {
+    "boxed": "def call(args):\n    return _fxflops_run(args)\n",
+    "unpacked": "def call(*args):\n    return _fxflops_run(*args)\n",
+    "aot": "def call(*args):\n    return _fxflops_run([*_fxflops_params, *args])\n",
+}
+
+
+def wrapper(run: Callable[..., Any], name: str, key: KeyExpression, books: Bookkeeping, *,
+            boxed: bool = False, params: Sequence[Any] | None = None
+            ) -> tuple[Callable[..., Any], Callable[[dict[Any, Any]], None]]:
+    """A function that calls ``run`` with the bookkeeping written in, and its rows'
+    rebinder: ``call(args)`` calling ``run(args)`` where ``boxed`` (AOTAutograd's boxed
+    convention: one list), ``call(*args)`` calling ``run([*params, *args])`` where
+    ``params`` are given (AOTAutograd's forward taken apart, ``torch_compat``), else
+    ``call(*args)`` calling ``run(*args)``. ``key``: the size key's expression
+    (``SizeBinder.expression``)."""
+    kind = "boxed" if boxed else "unpacked" if params is None else "aot"
+    (function,) = ast.parse(_WRAPPERS[kind]).body
+    assert isinstance(function, ast.FunctionDef)
+    return bookkept(function, name, key(lambda i: f"args[{i}]"), "args", books,
+                    {f"{_PREFIX}run": run, f"{_PREFIX}params": params})
+
+
+def inline_forward(run: Any, name: str, key: KeyExpression, books: Bookkeeping
                    ) -> tuple[Callable[..., Any], Callable[[dict[Any, Any]], None]] | None:
     """``run`` (a ``GraphModule``'s generated ``forward``, bound) with the bookkeeping in it,
     bound to the same module, and its rows' rebinder; None where ``run`` is not such a
-    ``forward`` or its source has another shape.
-
-    ``key(argument)``: the size key as an expression over the arguments
-    (``SizeBinder.expression``); ``rows``: the rows the key looks up; ``now``: the clock a
-    sampled call is timed on, ``note(row, n, ns)`` noting it (the ``n``-th call of its
-    size; it counts the call); ``miss(error, args)``: a call whose key is not in ``rows``
-    (or could not be read)."""
+    ``forward`` or its source has another shape. ``key``: the size key's expression
+    (``SizeBinder.expression``)."""
     module = getattr(run, "__self__", None)
     function = getattr(run, "__func__", None)
     if not isinstance(module, torch.fx.GraphModule) or function is None \
@@ -83,29 +177,15 @@ def inline_forward(run: Any, name: str, key: Callable[[Callable[[int], str]], st
     if forward is None:
         return None
     params = [a.arg for a in forward.args.args[1:]]
-    args = ", ".join(params) + ("," if len(params) == 1 else "")
     try:
-        prologue = ast.parse(_PROLOGUE.format(key=key(params.__getitem__), args=args)).body
+        expression = key(params.__getitem__)
+        ast.parse(expression, mode="eval")
     except (IndexError, SyntaxError):  # a key over arguments this forward does not take
         return None
-    returned = forward.body[-1]
-    value = returned.value if isinstance(returned, ast.Return) else None
-    epilogue = ast.parse(_EPILOGUE.format(value=ast.unparse(value) if value else "None")).body
-    forward.body = [*prologue, *forward.body[:-1], *epilogue]
-    source = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-    filename = f"<fxflops {name} #{next(_COPIES)}>"
-    namespace = dict(function.__globals__)  # FX's names for the graph's code, and ours
-    namespace.update({f"{_PREFIX}rows": rows, f"{_PREFIX}now": now,
-                      f"{_PREFIX}note": note, f"{_PREFIX}miss": miss})
-    exec(compile(source, filename, "exec"), namespace)
-    # the source, for tracebacks through it (kept: an entry without a file's mtime is)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    made = namespace["forward"]
-    made.__name__ = made.__qualname__ = name
-
-    def rebind(new_rows: dict[Any, Any]) -> None:
-        namespace[f"{_PREFIX}rows"] = new_rows
-
+    args = ", ".join(params) + ("," if len(params) == 1 else "")
+    # FX's names for the graph's code, and ours
+    made, rebind = bookkept(forward, name, expression, args, books,
+                            dict(function.__globals__))
     return types.MethodType(made, module), rebind
 
 

@@ -27,7 +27,7 @@ from fxflops import config, torch_compat
 from fxflops.cost import kernels as kernel_costs
 from fxflops.cost.analysis import analysis_version
 from fxflops.instrument import provenance
-from fxflops.instrument.inline import inline_forward
+from fxflops.instrument.inline import Bookkeeping, inline_forward, wrapper
 from fxflops.instrument.plan import (
     GraphPlan,
     NotInstrumentable,
@@ -365,46 +365,42 @@ class InstrumentedGraph(_Serializable):
 def hot_function(graph: InstrumentedGraph
                  ) -> tuple[Callable[..., Any], Callable[[dict[Any, SizeStats]], None]]:
     """The CPU-clock hot path of ``graph`` as a plain function, called in place of the
-    object (by Dynamo: ``torch_compat.dynamo_calls``; by AOTAutograd, boxed): a
-    closure reads its cells where the object's ``__call__`` pays a slot call and an
-    instance-dict read per attribute (benchmarks/overhead.py).
+    object (by Dynamo: ``torch_compat.dynamo_calls``; by AOTAutograd, boxed), with the
+    bookkeeping written into its own lines (``instrument/inline.py``): where the object's
+    ``__call__`` pays a slot call, an instance-dict read per attribute and the size key's
+    own call, this pays bytecodes (benchmarks/overhead.py).
 
-    Per call: the size key, one dict lookup, the count (as the call returns: one that
-    raises is not counted, as on every path) and the row's sampling mask. A size's first
-    ``TIMED_FIRST`` calls (or ``every``, if more) are timed (the row's ``sample_mask`` is
-    0), then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two clock reads and ``note``,
-    the sample standing for itself and the ``every - 1`` calls after it in the total. The
-    others pay no clock: the clock and the sample are most of the bookkeeping's cost, and
-    a median needs a sample, not every call. Anything else (a new size, a graph that gave
-    up) goes to the object's ``_on_miss``, whose class says what to do. Where the inner is
-    AOTAutograd's unboxed forward (Inductor, no gradients), its argument list is built
-    here and its compiled function called (``torch_compat.aot_forward_parts``): one frame
-    fewer than calling it, which is what a wrapping backend's own frame costs. Where it is
-    a graph module's generated forward (an eager inner), the bookkeeping is written into a
-    copy of that forward instead (``instrument/inline.py``): its samples come back to
-    ``note`` here, and its misses to ``miss``. Returns the function and its rows' rebinder
-    (``graph.use_rows``)."""
-    rows = graph._rows
-    key, run, now = graph._key, _bound_call(graph._run), _now
-    aot_forward = None if graph.boxed else torch_compat.aot_forward_parts(graph._run)
+    Per call: the size key (an expression over the arguments), one dict lookup, the count
+    (as the call returns: one that raises is not counted, as on every path) and the row's
+    next sample's due count (an int comparison). A size's first ``TIMED_FIRST`` calls (or
+    ``every``, if more) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
+    clock reads and ``note``, the sample standing for itself and the calls until the next
+    in the total. The others pay no clock: the clock and the sample are
+    most of the bookkeeping's cost, and a median needs a sample, not every call. Anything
+    else (a new size, a graph that gave up) goes to ``miss``: the object's ``_on_miss``,
+    whose class says what to do.
+
+    What the function calls is the inner as its convention asks: a boxed graph's list;
+    AOTAutograd's unboxed forward (Inductor, no gradients) taken apart, its argument list
+    built here and its compiled function called (``torch_compat.aot_forward_parts``: one
+    frame fewer than calling it, which is what a wrapping backend's own frame costs); or,
+    with an eager inner, no call at all: the function is a copy of the graph module's
+    generated ``forward`` with the bookkeeping in it (``inline_forward``). Returns the
+    function and its rows' rebinder (``graph.use_rows``)."""
     every = config.SAMPLE_EVERY.get()
-    mask = every - 1
     # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples
-    # (the row's mask set by the timed call before it), each sample standing for the
-    # ``every`` calls from it
     first = -(-config.TIMED_FIRST // every) * every
 
     def note(row: SizeStats, n: int, ns: int) -> None:
         """A timed call, the ``n``-th of its size, took ``ns`` (``SizeStats.add``, with the
-        sample standing in the total for the calls of the row's stride: 1 while a size's
-        first calls are each timed, whose last starts the sampling). Called on timed calls
-        only, outside their clock reads."""
+        sample standing in the total for itself and the calls until the next is due: the
+        next call while a size's first calls are each timed, then the next multiple of
+        ``every``). Called on timed calls only, outside their clock reads."""
         t = row.timed
         row.window[t % row.cap] = ns
-        # the row's stride, not this graph's: graphs of one record share the row
-        row.total_ns += ns * (row.sample_mask + 1)
-        if not row.sample_mask and n + 1 >= first:
-            row.sample_mask = mask
+        due = n + 1 if n + 1 < first else (n // every + 1) * every
+        row.total_ns += ns * (due - n)
+        row.due = due
         row.timed = t + 1
         row.count = n + 1
 
@@ -415,76 +411,24 @@ def hot_function(graph: InstrumentedGraph
             raise error
         return graph._on_miss(args)
 
-    # One body per way of calling the inner (boxed, AOTAutograd's forward taken apart,
-    # unpacked): the inner's call is made in this frame, which is the point, so the three
-    # cannot share a helper for it without paying the frame they exist to save. (An eager
-    # graph's generated forward goes further: the bookkeeping is written into a copy of
-    # it, ``inline``, and this frame is not made at all.)
+    books = Bookkeeping(graph._rows, _now, note, miss)
+    key = graph.record.binder.expression
     if graph.boxed:
-        def call(args: list[Any]) -> Any:
-            try:
-                row = rows[key(args)]
-            except Exception as e:
-                return miss(e, args)
-            n = row.count
-            if n & row.sample_mask:  # not sampled: counted (as it returns) only
-                out = run(args)
-                row.count = n + 1
-                return out
-            t0 = now()
-            out = run(args)
-            note(row, n, now() - t0)
-            return out
-
-        call._boxed_call = True  # type: ignore[attr-defined]
-    elif aot_forward is not None:
+        made, rebind = wrapper(_bound_call(graph._run), graph.__name__, key, books, boxed=True)
+        made._boxed_call = True  # type: ignore[attr-defined]
+        return made, rebind
+    aot_forward = torch_compat.aot_forward_parts(graph._run)
+    if aot_forward is not None:
         # AOTAutograd's forward (Inductor, no gradients) is a frame that only puts the
-        # parameters before the arguments: made here, in this frame, as it makes it
+        # parameters before the arguments: made in the hot function, as it makes it
         boxed_run, params = aot_forward
-
-        def call(*args: Any) -> Any:  # type: ignore[misc]
-            try:
-                row = rows[key(args)]
-            except Exception as e:  # a new size, or something no longer readable
-                return miss(e, args)
-            n = row.count
-            if n & row.sample_mask:  # not sampled: counted (as it returns) only
-                out = boxed_run([*params, *args])
-                row.count = n + 1
-                return out
-            t0 = now()
-            out = boxed_run([*params, *args])
-            note(row, n, now() - t0)
-            return out
-    else:
-        # an eager graph's generated forward: the bookkeeping written into a copy of it
-        # (``inline``), one frame where a wrapping function would make two
-        inlined = inline_forward(graph._run, graph.__name__, graph.record.binder.expression,
-                                 rows, now, note, miss)
-        if inlined is not None:
-            return inlined
-
-        def call(*args: Any) -> Any:  # type: ignore[misc]
-            try:
-                row = rows[key(args)]
-            except Exception as e:  # a new size, or something no longer readable
-                return miss(e, args)
-            n = row.count
-            if n & row.sample_mask:  # not sampled: counted (as it returns) only
-                out = run(*args)
-                row.count = n + 1
-                return out
-            t0 = now()
-            out = run(*args)
-            note(row, n, now() - t0)
-            return out
-
-    def rebind(new_rows: dict[Any, SizeStats]) -> None:
-        nonlocal rows
-        rows = new_rows
-
-    call.__name__ = call.__qualname__ = graph.__name__
-    return call, rebind
+        return wrapper(boxed_run, graph.__name__, key, books, params=params)
+    # an eager graph's generated forward: the bookkeeping written into a copy of it, one
+    # frame where a wrapping function would make two
+    inlined = inline_forward(graph._run, graph.__name__, key, books)
+    if inlined is not None:
+        return inlined
+    return wrapper(_bound_call(graph._run), graph.__name__, key, books)
 
 
 def _bound_call(run: Any) -> Any:

@@ -25,7 +25,7 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "sample_mask", "__weakref__")
+                 "due", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -45,11 +45,11 @@ class SizeStats:
         # the CPU clock samples a size's calls, or while CUDA events have not been read
         # (they time a call after it was counted: ``add_late``)
         self.timed = 0
-        # the CPU clock's sampling (``wrap.hot_function``): a call is timed when
-        # ``count & sample_mask`` is 0; 0 (every call timed) for a size's first calls, then
-        # FXFLOPS_SAMPLE_EVERY - 1 (graphs of one record share it: the stride is read when
-        # a graph is made, the same for all of them unless the variable changed between)
-        self.sample_mask = 0
+        # the CPU clock's sampling (``wrap.hot_function``): a call is timed when ``count``
+        # has reached ``due``, which each sample moves on: to the next call during a size's
+        # first calls, then to the next multiple of FXFLOPS_SAMPLE_EVERY (graphs of one
+        # record share it: each sample stands for the calls until the one it made due)
+        self.due = 0
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
