@@ -139,6 +139,12 @@ def test_it_declines_what_is_not_fxs_shape():
     # a key over an argument the forward does not take
     assert made(gm, {}, sources=(("s0", 5, 0),))[0] is None
 
+    # a ``global`` statement (not FX's, and not writable twice in one body)
+    globbed = traced()
+    globbed._code = globbed.code.replace(":\n", ":\n    global y\n", 1)
+    assert "global y" in globbed.code
+    assert made(globbed, {})[0] is None
+
 
 @pytest.mark.parametrize("kind", ["unpacked", "boxed", "aot"])
 def test_a_wrapper_calls_the_inner_as_its_convention_asks_with_the_key_written_in(kind):
@@ -196,3 +202,19 @@ def test_a_wrapper_calls_the_inner_as_its_convention_asks_with_the_key_written_i
     rebind(moved)
     call(*args)
     assert (rows[(3, 2)].count, moved[(3, 2)].count) == (17, 41)
+
+
+def test_a_written_functions_source_is_kept_for_tracebacks_while_it_lives():
+    """``linecache`` holds a written function's source while the function lives, and lets
+    it go with it (a process that compiles again and again does not grow by it)."""
+    import gc
+    import linecache
+
+    books = Bookkeeping({}, lambda: 0, lambda *a: None, lambda error, args: None)
+    call, _ = wrapper(lambda *a: None, "fxflops_graph11", SizeBinder([]).expression, books)
+    filename = call.__code__.co_filename
+    assert filename.startswith("<fxflops fxflops_graph11 #")
+    assert "_fxflops_rows[()]" in "".join(linecache.getlines(filename))
+    del call, _
+    gc.collect()
+    assert filename not in linecache.cache

@@ -27,9 +27,10 @@ class UnboundSymbolError(ValueError):
 class SizeBinder:
     """Reads a call's size key from its arguments.
 
-    ``key(args)`` is the hot-path reader: with one size symbol it returns that symbol's
-    int (``operator.itemgetter`` for an int argument: no Python frame at all), with several
-    a tuple, with none ``()``. ``read(args)`` always gives the tuple, in ``symbols`` order.
+    ``key(args)`` reads it: with one size symbol that symbol's int (``operator.itemgetter``
+    for an int argument), with several a tuple, with none ``()``; ``expression`` is the
+    same as Python source, which the CPU-clock hot path writes into its own lines
+    (``instrument/inline.py``). ``read(args)`` always gives the tuple, in ``symbols`` order.
     """
 
     def __init__(self, sources: Sequence[tuple[str, int, int | None]]) -> None:

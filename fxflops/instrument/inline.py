@@ -34,6 +34,7 @@ import ast
 import itertools
 import linecache
 import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -70,8 +71,8 @@ _LINES = f"{_PREFIX}lines"
 
 
 def _written(statements: list[ast.stmt], copies: Iterator[list[ast.stmt]]) -> list[ast.stmt]:
-    """``statements`` with each ``_fxflops_lines`` marker (at any depth, in order) replaced
-    by the next of ``copies``."""
+    """``statements`` with each ``_fxflops_lines`` marker (at the top, or in an ``if``'s
+    body, as the template has them; in order) replaced by the next of ``copies``."""
     out: list[ast.stmt] = []
     for statement in statements:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Name) \
@@ -113,19 +114,19 @@ def bookkept(function: ast.FunctionDef, name: str, key: str, args: str, books: B
     body = ast.parse(_BODY.format(key=key, args=args,
                                   value=ast.unparse(value) if value else "None")).body
     lines = function.body[:-1]
-    # a second copy of the lines parsed from their source (a deep copy of a large graph's
-    # tree costs more)
-    again = ast.parse(ast.unparse(ast.Module(body=lines, type_ignores=[]))).body
-    function.body = _written(body, iter((again, lines)))
+    # the same nodes in both places: the tree is only unparsed, never compiled
+    function.body = _written(body, iter((lines, lines)))
     tree = ast.Module(body=[function], type_ignores=[])
     source = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
     filename = f"<fxflops {name} #{next(_COPIES)}>"
     namespace.update({f"{_PREFIX}{part}": obj for part, obj in books._asdict().items()})
     exec(compile(source, filename, "exec"), namespace)
-    # the source, for tracebacks through it (kept: an entry without a file's mtime is)
+    # the source, for tracebacks through it (kept: an entry without a file's mtime is),
+    # for as long as the function lives (a process that compiles again and again)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     made = namespace[function.name]
     made.__name__ = made.__qualname__ = name
+    weakref.finalize(made, linecache.cache.pop, filename, None)
 
     def rebind(new_rows: dict[Any, Any]) -> None:
         namespace[f"{_PREFIX}rows"] = new_rows
@@ -183,16 +184,19 @@ def inline_forward(run: Any, name: str, key: KeyExpression, books: Bookkeeping
     except (IndexError, SyntaxError):  # a key over arguments this forward does not take
         return None
     args = ", ".join(params) + ("," if len(params) == 1 else "")
-    # FX's names for the graph's code, and ours
-    made, rebind = bookkept(forward, name, expression, args, books,
-                            dict(function.__globals__))
+    try:  # FX's names for the graph's code, and ours
+        made, rebind = bookkept(forward, name, expression, args, books,
+                                dict(function.__globals__))
+    except (SyntaxError, ValueError, RecursionError):  # lines that cannot be written twice
+        return None
     return types.MethodType(made, module), rebind
 
 
 def _forward_of(tree: ast.Module) -> ast.FunctionDef | None:
     """The module's one ``forward(self, ...)`` where FX's shape holds: positional
     arguments only, no default, one ``return`` (its last statement, not inside anything
-    else), no nested function or class, and no name of fxflops' own."""
+    else), no nested function or class, no ``global`` or ``nonlocal``, and no name of
+    fxflops' own."""
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     forward = tree.body[0]
@@ -208,6 +212,8 @@ def _forward_of(tree: ast.Module) -> ast.FunctionDef | None:
             return None
         if node is not forward and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                      ast.Lambda, ast.ClassDef)):
+            return None
+        if isinstance(node, (ast.Global, ast.Nonlocal)):  # not writable twice in one body
             return None
         name = node.id if isinstance(node, ast.Name) else \
             node.arg if isinstance(node, ast.arg) else None

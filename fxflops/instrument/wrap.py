@@ -199,8 +199,9 @@ class _Serializable(SerializableCallable):  # type: ignore[misc,valid-type]
 class InstrumentedGraph(_Serializable):
     """A compiled graph that records, per call, its size and how long it took.
 
-    Per call on the CPU clock: the size key (``operator.itemgetter`` for the usual single
-    size symbol), one dict lookup, two clock reads, one ring-buffer slot. Sympy runs once
+    Per call on the CPU clock (``hot_function``): the size key (an expression over the
+    arguments), one dict lookup, one int comparison, the count; one call in
+    ``FXFLOPS_SAMPLE_EVERY`` also two clock reads and one ring-buffer slot. Sympy runs once
     per new size, never per call. Graphs with run-time costs (vLLM attention), on a GPU, or
     whose instrumentation gave up take ``_call_special``. Every attribute the call path
     reads is bound here (no ``__getattr__``: Dynamo's wrapper reads ``__name__`` per call).

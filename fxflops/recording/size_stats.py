@@ -76,8 +76,8 @@ class SizeStats:
     def add(self, ns: int) -> None:
         """A call that returned after ``ns``: its sample is in place before it is counted
         (a reader never sees a call without its sample). The CPU-clock hot function's
-        ``note`` does this with the sample weighted by the row's stride
-        (``wrap.hot_function``)."""
+        ``note`` does this with the sample weighted by the calls it stands for, itself and
+        those until the next is due (``wrap.hot_function``)."""
         self.add_late(ns)
         self.count += 1
 
