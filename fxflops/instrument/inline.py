@@ -25,7 +25,7 @@ Two kinds of function are written so, one template for both:
   (``inline_forward`` returns None).
 
 Each is compiled under a file name of its own (``<fxflops NAME #N>``), its source in
-``linecache`` for tracebacks through it.
+``linecache`` for tracebacks through it while it lives.
 """
 
 from __future__ import annotations
