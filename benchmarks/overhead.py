@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import platform
 import random
 import statistics
 import time
@@ -291,8 +292,6 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=4000, help="calls per variant per round")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    import platform
-
     print(f"torch {torch.__version__}, Python {platform.python_version()}, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs")

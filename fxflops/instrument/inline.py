@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-# fxflops' names in the copy: FX names a graph's values after its nodes, never so
+# fxflops' names in the written code: FX names a graph's values after its nodes, never so
 _PREFIX = "_fxflops_"
 _COPIES = itertools.count()
 
@@ -178,16 +178,12 @@ def inline_forward(run: Any, name: str, key: KeyExpression, books: Bookkeeping
     if forward is None:
         return None
     params = [a.arg for a in forward.args.args[1:]]
-    try:
-        expression = key(params.__getitem__)
-        ast.parse(expression, mode="eval")
-    except (IndexError, SyntaxError):  # a key over arguments this forward does not take
-        return None
     args = ", ".join(params) + ("," if len(params) == 1 else "")
     try:  # FX's names for the graph's code, and ours
-        made, rebind = bookkept(forward, name, expression, args, books,
+        made, rebind = bookkept(forward, name, key(params.__getitem__), args, books,
                                 dict(function.__globals__))
-    except (SyntaxError, ValueError, RecursionError):  # lines that cannot be written twice
+    # a key over arguments this forward does not take, lines that cannot be written twice
+    except (IndexError, SyntaxError, ValueError, RecursionError):
         return None
     return types.MethodType(made, module), rebind
 
