@@ -1,6 +1,7 @@
 """Instructions per call through ``torch.compile``: bare, the floor, fxflops (callgrind).
 
     python benchmarks/overhead_instructions.py [--inner eager] [--grad] [--static] [--calls 1000]
+                                               [--cache-sim]
 
 Wall-clock figures of a microsecond drift with the machine (benchmarks/overhead.py); the
 instructions a call executes do not. This runs itself under ``valgrind --tool=callgrind``
@@ -14,6 +15,16 @@ Graphs are compiled with ``dynamic=True`` (the size key an int argument) unless
 ``--static`` (one size, the key ``()``).
 Each variant runs twice, in turn, and the lower figure is kept; the collector is frozen
 before the loops and string hashes are fixed (``PYTHONHASHSEED=0``).
+
+``--cache-sim`` (about twice as long) also simulates the caches and the branch
+predictors (callgrind's ``--cache-sim=yes --branch-sim=yes``) and prints, per call over
+bare, the instruction-cache and data-cache misses and the mispredicted conditional and
+indirect branches. In place, after the model's own call has filled the caches and the
+predictors with its own code, these are what an added bytecode costs more than its
+instructions: each of the interpreter's dispatches is an indirect branch, and each C
+path the bookkeeping takes that the model's call does not is code to fetch. Callgrind's
+models are simple (a first-level cache, a last-level one, no history beyond each
+branch's last target), so the counts say where the time goes, not how much of it.
 """
 
 from __future__ import annotations
@@ -31,6 +42,9 @@ import tempfile
 # each twice, in turn; a variant's figure is its lower (the other holds a collection of
 # the garbage the loops made, or a cache's growth)
 VARIANTS = ("bare", "floor", "fxflops", "timed") * 2
+# callgrind's events under --cache-sim: what is printed, and how
+MISSES = (("I1 misses", ("I1mr",)), ("D1 misses", ("D1mr", "D1mw")),
+          ("cond. mispredicts", ("Bcm",)), ("ind. mispredicts", ("Bim",)))
 
 
 def measure(inner: str, grad: bool, static: bool, calls: int) -> None:
@@ -83,6 +97,8 @@ def main() -> int:
     p.add_argument("--static", action="store_true",
                    help="static graphs, one size (default: dynamic=True)")
     p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--cache-sim", action="store_true",
+                   help="also count cache misses and mispredicted branches (slower)")
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
@@ -97,8 +113,9 @@ def main() -> int:
         # the interpreter itself (not a shell shim), so that valgrind follows it
         # string hashes fixed: a dict's probe sequence is then the same in every run
         env = {**os.environ, "PYTHONHASHSEED": "0"}
+        simulate = ["--cache-sim=yes", "--branch-sim=yes"] if args.cache_sim else []
         subprocess.run([valgrind, "--tool=callgrind", "--dump-before=os_getloadavg",
-                        "--dump-instr=no", f"--callgrind-out-file={out}",
+                        "--dump-instr=no", f"--callgrind-out-file={out}", *simulate,
                         os.path.realpath(sys.executable), os.path.abspath(__file__),
                         "--measure", "--inner", args.inner, "--calls", str(args.calls)]
                        + (["--grad"] if args.grad else [])
@@ -106,16 +123,15 @@ def main() -> int:
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=3600, env=env)
         parts = sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
-        totals = [int(re.search(r"^totals: (\d+)", open(f).read(), re.M).group(1))
-                  for f in parts]
-    loops = totals[1:1 + len(VARIANTS)]  # the first part is the import and the compiles
+        counts = [_events(f) for f in parts]
+    loops = counts[1:1 + len(VARIANTS)]  # the first part is the import and the compiles
     if len(loops) != len(VARIANTS):
         print(f"overhead_instructions: {len(parts)} dumps, expected {len(VARIANTS) + 1}",
               file=sys.stderr)
         return 1
     per_call = {}
-    for name, total in zip(VARIANTS, loops):
-        per_call.setdefault(name, []).append(total / args.calls)
+    for name, events in zip(VARIANTS, loops):
+        per_call.setdefault(name, []).append(events["Ir"] / args.calls)
     bare = min(per_call["bare"])
     print(f"instructions per call, inner {args.inner}, grad {'on' if args.grad else 'off'}, "
           f"{'static' if args.static else 'dynamic'} (callgrind, {args.calls:,} calls each):")
@@ -126,7 +142,36 @@ def main() -> int:
     print(f"  fxflops' own (over the floor): "
           f"{min(per_call['fxflops']) - min(per_call['floor']):+,.0f}; every call timed: "
           f"{min(per_call['timed']) - min(per_call['floor']):+,.0f}")
+    if args.cache_sim:
+        print_misses(loops, args.calls)
     return 0
+
+
+def _events(part: str) -> dict[str, int]:
+    """A callgrind dump's totals, by event name."""
+    text = open(part).read()
+    names = re.search(r"^events: (.+)$", text, re.M).group(1).split()
+    totals = re.search(r"^totals: (.+)$", text, re.M).group(1).split()
+    return dict(zip(names, map(int, totals)))
+
+
+def print_misses(loops: list[dict[str, int]], calls: int) -> None:
+    """Per call over bare: each variant's misses and mispredicts (the loop of the two
+    with fewer instructions, as above)."""
+    best: dict[str, dict[str, int]] = {}
+    for name, events in zip(VARIANTS, loops):
+        if name not in best or events["Ir"] < best[name]["Ir"]:
+            best[name] = events
+
+    def per_call(name: str, events: tuple[str, ...]) -> float:
+        return sum(best[name][e] for e in events) / calls
+
+    print("  per call, simulated (callgrind --cache-sim --branch-sim):")
+    print(f"  {'':8}" + "".join(f"{label:>19}" for label, _ in MISSES))
+    for name in best:
+        row = (f"{per_call(name, ev):,.0f}" if name == "bare"
+               else f"{per_call(name, ev) - per_call('bare', ev):+,.1f}" for _, ev in MISSES)
+        print(f"  {name:8}" + "".join(f"{cell:>19}" for cell in row))
 
 
 if __name__ == "__main__":
