@@ -148,11 +148,13 @@ def main() -> int:
 
 
 def _events(part: str) -> dict[str, int]:
-    """A callgrind dump's totals, by event name."""
-    text = open(part).read()
+    """A callgrind dump's totals, by event name (callgrind's format may leave trailing
+    zeros out of a totals line)."""
+    with open(part) as f:
+        text = f.read()
     names = re.search(r"^events: (.+)$", text, re.M).group(1).split()
-    totals = re.search(r"^totals: (.+)$", text, re.M).group(1).split()
-    return dict(zip(names, map(int, totals)))
+    totals = [int(v) for v in re.search(r"^totals: (.+)$", text, re.M).group(1).split()]
+    return dict(zip(names, totals + [0] * (len(names) - len(totals))))
 
 
 def print_misses(loops: list[dict[str, int]], calls: int) -> None:
