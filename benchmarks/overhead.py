@@ -107,8 +107,8 @@ class Twin(torch.nn.Module):
     """``Block``'s twin for a second bare compile: the layer it is given and ``Block``'s
     forward, written again, so that its code object, and with it Dynamo's cache of
     compiled entries, is its own (a second compile of ``Block`` itself would share the
-    first's entry, or pay the backend comparison: ``VARIANTS``' note). A class of its
-    own, not a subclass: Dynamo guards both alike."""
+    first's entry, or pay the backend comparison: ``bare again`` in the module's
+    docstring). A class of its own, not a subclass: Dynamo guards both alike."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
