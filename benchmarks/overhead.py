@@ -108,7 +108,7 @@ class Twin(torch.nn.Module):
     forward, written again, so that its code object, and with it Dynamo's cache of
     compiled entries, is its own (a second compile of ``Block`` itself would share the
     first's entry, or pay the backend comparison: ``bare again`` in the module's
-    docstring). A class of its own, not a subclass: Dynamo guards both alike."""
+    docstring). A class of its own, not a subclass of ``Block``."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
