@@ -204,7 +204,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
                         taken.append(now() - t0)
                     means[j].append(sum(taken[-BLOCK:]) / BLOCK)
         med = dict(zip(VARIANTS, (statistics.median(s) for s in means)))
-        p50 = dict(zip(VARIANTS, (statistics.median(c) for c in calls)))
+        p50 = {n: statistics.median(calls[VARIANTS.index(n)]) for n in ("bare", "fxflops")}
         bare_ms.append(med["bare"])
         for name in ("bare again", "bare 2", "floor", "fxflops", "timed"):
             diffs[name].append(med[name] - med["bare"])

@@ -129,9 +129,11 @@ def main() -> int:
         print(f"overhead_instructions: {len(parts)} dumps, expected {len(VARIANTS) + 1}",
               file=sys.stderr)
         return 1
-    per_call = {}
+    runs: dict[str, list[dict[str, int]]] = {}  # each variant's loops, in turn
     for name, events in zip(VARIANTS, loops):
-        per_call.setdefault(name, []).append(events["Ir"] / args.calls)
+        runs.setdefault(name, []).append(events)
+    per_call = {name: [events["Ir"] / args.calls for events in loops_of]
+                for name, loops_of in runs.items()}
     bare = min(per_call["bare"])
     print(f"instructions per call, inner {args.inner}, grad {'on' if args.grad else 'off'}, "
           f"{'static' if args.static else 'dynamic'} (callgrind, {args.calls:,} calls each):")
@@ -143,7 +145,7 @@ def main() -> int:
           f"{min(per_call['fxflops']) - min(per_call['floor']):+,.0f}; every call timed: "
           f"{min(per_call['timed']) - min(per_call['floor']):+,.0f}")
     if args.cache_sim:
-        print_misses(loops, args.calls)
+        print_misses(runs, args.calls)
     return 0
 
 
@@ -157,13 +159,10 @@ def _events(part: str) -> dict[str, int]:
     return dict(zip(names, totals + [0] * (len(names) - len(totals))))
 
 
-def print_misses(loops: list[dict[str, int]], calls: int) -> None:
-    """Per call over bare: each variant's misses and mispredicts (the loop of the two
-    with fewer instructions, as above)."""
-    best: dict[str, dict[str, int]] = {}
-    for name, events in zip(VARIANTS, loops):
-        if name not in best or events["Ir"] < best[name]["Ir"]:
-            best[name] = events
+def print_misses(runs: dict[str, list[dict[str, int]]], calls: int) -> None:
+    """Per call over bare: each variant's misses and mispredicts (from its loop with fewer
+    instructions, the one whose instructions are printed)."""
+    best = {name: min(loops, key=lambda events: events["Ir"]) for name, loops in runs.items()}
 
     def per_call(name: str, events: tuple[str, ...]) -> float:
         return sum(best[name][e] for e in events) / calls
