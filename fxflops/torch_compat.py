@@ -16,8 +16,9 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-# releases every non-optional entry was checked against (CI runs 2.13 and the newest
-# installable; scripts/gpu_check.py runs on the GPU machine's 2.11)
+# releases every non-optional entry was checked against: CI runs the suite on each (2.13
+# with vLLM; the newest installable and the GPU machine's, where scripts/gpu_check.py runs,
+# in scripts/torch_leg.sh)
 CHECKED_WITH = ("2.11", "2.13", "2.14")
 
 

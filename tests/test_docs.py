@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,12 @@ BLOCKS = [(path, i, code) for path in DOCS
                          ids=[f"{p.name}#{i}" for p, i, _ in BLOCKS])
 def test_doc_example_runs(path, index, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, f"{path.name}#{index}", "exec"), {"__name__": "__doc_example__"})
+    # run as a script's module is: one sys.modules holds (torch 2.11's Dynamo looks its
+    # globals up there, by name: a name of its own per example)
+    page = re.sub(r"\W", "_", path.stem)
+    module = types.ModuleType(f"__doc_example_{page}_{index}__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, f"{path.name}#{index}", "exec"), module.__dict__)
 
 
 def test_readme_links_the_docs():

@@ -393,4 +393,9 @@ def test_profiled_calls_leave_the_log_quiet(tmp_path):
     assert len([line for line in lines if "fxflops" in line]) <= 3, lines
     loud = procs.run([sys.executable, str(script)], timeout=600, cwd=ROOT,
                      env={**os.environ, "FXFLOPS_LOG": "debug"})
-    assert len([line for line in loud.stderr.splitlines() if line.startswith("USDT:")]) >= 24
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    usdt = [line for line in loud.stderr.splitlines() if line.startswith("USDT:")]
+    if not usdt and torch.__version__ < "2.13":  # (a TorchVersion: compares as a release)
+        pytest.skip(f"torch {torch.__version__}'s Kineto prints no USDT lines: none to keep "
+                    "(the quiet run above held)")
+    assert len(usdt) >= 24  # a start and a stop line per profiled call

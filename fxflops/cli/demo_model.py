@@ -113,9 +113,11 @@ class DemoDecoder(nn.Module):
 
 
 def sdpa_flops(cfg: DemoConfig, batch: int, seq: int) -> int:
-    """What torch's registry would count for the model's SDPA calls (CPU counts them 0)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    q = (batch, cfg.heads, seq, cfg.head_dim)
-    kv = (batch, cfg.kv_heads, seq, cfg.head_dim)
-    return cfg.layers * sdpa_flop_count(q, kv, kv)
+    """What torch's registry counts for the model's SDPA calls, which FlopCounterMode counts
+    0 on a CPU: by hand, so that the demo's reference is torch's rule on any torch (its own
+    formula counts grouped-query attention from 2.13 on). Two matmuls per head of the query,
+    scores ``[seq, head_dim] @ [head_dim, seq]`` and ``[seq, seq] @ [seq, head_dim]``, at 2
+    FLOPs per multiply-add: the key's and value's heads broadcast to the query's, a causal
+    mask counted in full."""
+    per_layer = 2 * (2 * batch * cfg.heads * seq * cfg.head_dim * seq)
+    return cfg.layers * per_layer

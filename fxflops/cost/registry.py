@@ -91,6 +91,10 @@ def op_name(target: Any) -> str:
     if isinstance(target, str):
         return target
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if type(getattr(target, "__self__", None)).__module__ == "pybind11_builtins":
+        # a pybind11 free function (``torch._C._log_api_usage_once``): newer pybind11 (torch
+        # 2.11's) prefixes its qualname with its function record's type; its name is its own
+        name = target.__name__
     module = getattr(target, "__module__", None)
     if name and module:
         return f"{module}.{name}"

@@ -28,17 +28,72 @@ from fxflops.cost.registry import (
     register_zero_flop,
 )
 
-# --- matmul class: torch's own registry, verbatim --------------------------------------
+aten = torch.ops.aten
+
+# --- attention: grouped-query attention counted on every torch -------------------------
+# Key and value with fewer heads than the query (GQA) are broadcast to the query's heads by
+# the kernels, and torch's SDPA formulas count them so from torch 2.13 on; earlier releases
+# (2.11, the GPU machine's) assert equal heads and the op could not be costed. fxflops
+# broadcasts the shapes before calling torch's formula: the count of torch >= 2.13 on every
+# torch, FlopCounterMode's wherever FlopCounterMode can count GQA at all.
+
+_SDPA_KINDS = ("efficient_attention", "flash_attention", "cudnn_attention",
+               "flash_attention_for_cpu")
+# op -> (position of the query's shape, of the key's and value's, the head dimension). (The
+# kernels' own ops, ``_flash_attention_forward`` and the like, take tensors, nested ones
+# among them: left to torch's formula as they are.)
+_ATTENTION_HEADS: dict[str, tuple[int, tuple[int, int], int]] = {
+    **{f"aten::_scaled_dot_product_{kind}": (0, (1, 2), 1) for kind in _SDPA_KINDS},
+    **{f"aten::_scaled_dot_product_{kind}_backward": (1, (2, 3), 1) for kind in _SDPA_KINDS},
+}
+
+
+def kv_heads_broadcast(args: tuple[Any, ...], query: int, kv: tuple[int, ...], dim: int
+                       ) -> tuple[Any, ...]:
+    """A formula's arguments (shapes) with the key's and value's (at ``kv``) given the
+    query's (at ``query``) head count on ``dim``, where they are 4-D and have fewer heads,
+    a divisor of the query's (GQA); else ``args`` as they are."""
+    if max(query, *kv) >= len(args):
+        return args
+    shapes: list[Any] = [args[i] for i in (query, *kv)]
+    if not all(isinstance(s, (tuple, list, torch.Size)) and len(s) == 4 for s in shapes):
+        return args
+    heads = shapes[0][dim]
+    out = list(args)
+    for i, shape in zip(kv, shapes[1:]):
+        h = shape[dim]
+        # plain ints only: a symbolic head count is not compared (no guard on it)
+        if type(heads) is int and type(h) is int and 0 < h < heads and heads % h == 0:
+            out[i] = (*shape[:dim], heads, *shape[dim + 1:])
+    return tuple(out)
+
+
+def _gqa_counted(fn: Callable[..., Any], where: tuple[int, tuple[int, int], int]
+                 ) -> Callable[..., Any]:
+    query, kv, dim = where
+
+    def formula(*args: Any, **kwargs: Any) -> Any:
+        return fn(*kv_heads_broadcast(args, query, kv, dim), **kwargs)
+
+    formula.__name__ = formula.__qualname__ = getattr(fn, "__name__", "formula")
+    formula.__doc__ = fn.__doc__
+    return formula
+
+
+# --- matmul class: torch's own registry, verbatim (attention's GQA shapes broadcast) -----
 
 for _target, _fn in _torch_flop_registry.items():
-    FORMULAS[op_name(_target)] = Formula(_fn, "matmul")
-
-aten = torch.ops.aten
+    _name = op_name(_target)
+    _heads = _ATTENTION_HEADS.get(_name)
+    FORMULAS[_name] = Formula(_gqa_counted(_fn, _heads) if _heads else _fn, "matmul")
 
 
 @register_formula(aten._scaled_dot_product_flash_attention_for_cpu, kind="matmul")
 def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     """CPU SDPA: torch's registry misses it (FlopCounterMode counts 0); same formula as CUDA."""
+    query_shape, key_shape, value_shape = kv_heads_broadcast(
+        (query_shape, key_shape, value_shape), *_ATTENTION_HEADS[
+            "aten::_scaled_dot_product_flash_attention_for_cpu"])
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
@@ -62,6 +117,9 @@ def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
                            out_shape=None, **kwargs) -> int:
     """CPU SDPA's backward (training): torch's registry misses it too; its CUDA formula."""
+    _, query_shape, key_shape, value_shape = kv_heads_broadcast(
+        (grad_out_shape, query_shape, key_shape, value_shape), *_ATTENTION_HEADS[
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"])
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 

