@@ -122,6 +122,23 @@ def test_grouped_query_attention_counts_the_kv_heads_broadcast_on_any_torch(kind
         forward(q, (b, 3, sk, d), (b, 3, sk, d), out_val=None)
 
 
+@pytest.mark.parametrize("kind", SDPA_OPS)
+def test_grouped_query_attention_counts_from_tensors_as_the_analysis_passes_them(kind):
+    """The analysis hands a formula the op's tensors (meta ones here: any device's op),
+    not their shapes: GQA is counted from them the same way, forward and backward."""
+    import fxflops.cost.formulas  # noqa: F401 (registers the built-in formulas)
+    from fxflops.cost.registry import FORMULAS
+
+    b, hq, hkv, sq, sk, d = 2, 8, 2, 5, 7, 16
+    q = torch.empty(b, hq, sq, d, device="meta")
+    kv = torch.empty(b, hkv, sk, d, device="meta")
+    matmul = 2 * b * hq * sq * sk * d
+    forward = FORMULAS[f"aten::_scaled_dot_product_{kind}"].fn
+    backward = FORMULAS[f"aten::_scaled_dot_product_{kind}_backward"].fn
+    assert forward(q, kv, kv, out_val=None) == 2 * matmul
+    assert backward(q, q, kv, kv, out_val=None) == 5 * matmul
+
+
 def test_gqa_sdpa_through_analysis_equals_the_hand_count():
     """A traced GQA attention (``enable_gqa``) costs its hand count on this torch's CPU op."""
     b, hq, hkv, s, d = 1, 8, 2, 9, 16

@@ -322,7 +322,6 @@ def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch
     ``__call__`` is never reached at a known size. The function keeps the object's rules:
     a warm-up phase's calls go to that phase's rows; once the graph gave up, every call
     (at a known size too) is counted as uninstrumented, none timed."""
-
     made: list = []
 
     def capture(gm, example_inputs):

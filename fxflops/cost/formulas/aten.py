@@ -10,6 +10,7 @@ a SymInt when the shapes are symbolic.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from math import prod
 from typing import Any
@@ -28,20 +29,55 @@ from fxflops.cost.registry import (
     register_zero_flop,
 )
 
+# --- matmul class: torch's own registry, verbatim --------------------------------------
+
+for _target, _fn in _torch_flop_registry.items():
+    FORMULAS[op_name(_target)] = Formula(_fn, "matmul")
+
 aten = torch.ops.aten
+
+
+@register_formula(aten._scaled_dot_product_flash_attention_for_cpu, kind="matmul")
+def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """CPU SDPA: torch's registry misses it (FlopCounterMode counts 0); same formula as CUDA."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+@register_formula(["transformers::grouped_mm_fallback"], kind="matmul")
+def grouped_mm_fallback_flop(input_shape, weight_shape, offs_shape, *args, out_shape=None,
+                             **kwargs) -> int:
+    """MoE experts (transformers): every routed row meets one expert's [K, N] weight."""
+    s, k = input_shape
+    return 2 * s * k * weight_shape[2]
+
+
+@register_formula([aten._grouped_mm], kind="matmul")
+def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's grouped mm (2D x 3D with offsets, or batched 3D x 3D); its registry misses it."""
+    if len(a_shape) == 2 and len(b_shape) == 2:  # 2D x 2D: K split into groups
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * prod(out_shape) * a_shape[-1]
+
+
+@register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, kind="matmul")
+def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                           out_shape=None, **kwargs) -> int:
+    """CPU SDPA's backward (training): torch's registry misses it too; its CUDA formula."""
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
 
 # --- attention: grouped-query attention counted on every torch -------------------------
 # Key and value with fewer heads than the query (GQA) are broadcast to the query's heads by
 # the kernels, and torch's SDPA formulas count them so from torch 2.13 on; earlier releases
-# (2.11, the GPU machine's) assert equal heads and the op could not be costed. fxflops
-# broadcasts the shapes before calling torch's formula: the count of torch >= 2.13 on every
-# torch, FlopCounterMode's wherever FlopCounterMode can count GQA at all.
+# (2.11, the GPU machine's) assert equal heads and the op could not be costed. Every SDPA
+# formula above (torch's and the CPU op's) is called with the shapes broadcast first: the
+# count of torch >= 2.13 on every torch, FlopCounterMode's wherever it can count GQA at all.
 
 _SDPA_KINDS = ("efficient_attention", "flash_attention", "cudnn_attention",
                "flash_attention_for_cpu")
-# op -> (position of the query's shape, of the key's and value's, the head dimension). (The
-# kernels' own ops, ``_flash_attention_forward`` and the like, take tensors, nested ones
-# among them: left to torch's formula as they are.)
+# op -> (position of the query, of the key and value, the head dimension). (The kernels'
+# own ops, ``_flash_attention_forward`` and the like, nested tensors among their inputs,
+# are left to torch's formula as they are.)
 _ATTENTION_HEADS: dict[str, tuple[int, tuple[int, int], int]] = {
     **{f"aten::_scaled_dot_product_{kind}": (0, (1, 2), 1) for kind in _SDPA_KINDS},
     **{f"aten::_scaled_dot_product_{kind}_backward": (1, (2, 3), 1) for kind in _SDPA_KINDS},
@@ -50,12 +86,13 @@ _ATTENTION_HEADS: dict[str, tuple[int, tuple[int, int], int]] = {
 
 def kv_heads_broadcast(args: tuple[Any, ...], query: int, kv: tuple[int, ...], dim: int
                        ) -> tuple[Any, ...]:
-    """A formula's arguments (shapes) with the key's and value's (at ``kv``) given the
-    query's (at ``query``) head count on ``dim``, where they are 4-D and have fewer heads,
-    a divisor of the query's (GQA); else ``args`` as they are."""
+    """A formula's arguments (tensors, as the analysis passes them, or their shapes) with
+    the key's and value's (at ``kv``) replaced by their shapes given the query's (at
+    ``query``) head count on ``dim``, where they are 4-D and have fewer heads, a divisor of
+    the query's (GQA); else ``args`` as they are."""
     if max(query, *kv) >= len(args):
         return args
-    shapes: list[Any] = [args[i] for i in (query, *kv)]
+    shapes: list[Any] = [getattr(args[i], "shape", args[i]) for i in (query, *kv)]
     if not all(isinstance(s, (tuple, list, torch.Size)) and len(s) == 4 for s in shapes):
         return args
     heads = shapes[0][dim]
@@ -80,47 +117,10 @@ def _gqa_counted(fn: Callable[..., Any], where: tuple[int, tuple[int, int], int]
     return formula
 
 
-# --- matmul class: torch's own registry, verbatim (attention's GQA shapes broadcast) -----
-
-for _target, _fn in _torch_flop_registry.items():
-    _name = op_name(_target)
-    _heads = _ATTENTION_HEADS.get(_name)
-    FORMULAS[_name] = Formula(_gqa_counted(_fn, _heads) if _heads else _fn, "matmul")
-
-
-@register_formula(aten._scaled_dot_product_flash_attention_for_cpu, kind="matmul")
-def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """CPU SDPA: torch's registry misses it (FlopCounterMode counts 0); same formula as CUDA."""
-    query_shape, key_shape, value_shape = kv_heads_broadcast(
-        (query_shape, key_shape, value_shape), *_ATTENTION_HEADS[
-            "aten::_scaled_dot_product_flash_attention_for_cpu"])
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-@register_formula(["transformers::grouped_mm_fallback"], kind="matmul")
-def grouped_mm_fallback_flop(input_shape, weight_shape, offs_shape, *args, out_shape=None,
-                             **kwargs) -> int:
-    """MoE experts (transformers): every routed row meets one expert's [K, N] weight."""
-    s, k = input_shape
-    return 2 * s * k * weight_shape[2]
-
-
-@register_formula([aten._grouped_mm], kind="matmul")
-def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    """torch's grouped mm (2D x 3D with offsets, or batched 3D x 3D); its registry misses it."""
-    if len(a_shape) == 2 and len(b_shape) == 2:  # 2D x 2D: K split into groups
-        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
-    return 2 * prod(out_shape) * a_shape[-1]
-
-
-@register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, kind="matmul")
-def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
-                           out_shape=None, **kwargs) -> int:
-    """CPU SDPA's backward (training): torch's registry misses it too; its CUDA formula."""
-    _, query_shape, key_shape, value_shape = kv_heads_broadcast(
-        (grad_out_shape, query_shape, key_shape, value_shape), *_ATTENTION_HEADS[
-            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"])
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+for _name, _where in _ATTENTION_HEADS.items():
+    if _name in FORMULAS:  # (torch's registry may lack an op: cudnn's on an old torch)
+        FORMULAS[_name] = dataclasses.replace(FORMULAS[_name],
+                                              fn=_gqa_counted(FORMULAS[_name].fn, _where))
 
 
 # --- vector class ----------------------------------------------------------------------
