@@ -455,3 +455,92 @@ def test_a_flush_thread_and_a_host_thread_together():
     stop.set()
     reader.join(timeout=10)
     assert not reader.is_alive() and read == [0.5] * 200 and sim.violations == []
+
+
+# --- the simulator's calls are torch.cuda's -------------------------------------------------
+
+def _parameters(fn: Any, drop_first: bool) -> list[Any]:
+    import inspect
+
+    params = list(inspect.signature(fn).parameters.values())
+    return params[1:] if drop_first else params
+
+
+def _agrees(sim_fn: Any, real_fn: Any, *, sim_bound: bool, real_bound: bool) -> str | None:
+    """Why a call the simulator accepts could mean something else to torch, or None: the
+    simulator's parameters must be the real ones' first (names, kinds, defaults), and the
+    real one's others optional."""
+    import inspect
+
+    sim, real = _parameters(sim_fn, sim_bound), _parameters(real_fn, real_bound)
+    for i, s in enumerate(sim):
+        if i >= len(real):
+            return f"{s.name}: torch has no such parameter"
+        r = real[i]
+        if (s.name, s.kind) != (r.name, r.kind):
+            return f"parameter {i}: {s.name} ({s.kind}) where torch has {r.name} ({r.kind})"
+        if s.default is not r.default and s.default != r.default:
+            return f"{s.name}: default {s.default!r} where torch's is {r.default!r}"
+    required = [r.name for r in real[len(sim):] if r.default is inspect.Parameter.empty
+                and r.kind not in (r.VAR_POSITIONAL, r.VAR_KEYWORD)]
+    return f"torch also requires {required}" if required else None
+
+
+def test_the_simulator_is_called_as_the_installed_torch_cuda_is():
+    """Each ``torch.cuda`` name the simulator stands in for (``TORCH_NAMES``), and each method
+    of its event, stream and graph classes, takes the parameters the installed torch's does:
+    the same names, order, kinds and defaults, torch's later ones optional. So a call that
+    fxflops makes of the simulator (``Event(enable_timing=True, external=True)``,
+    ``capture_begin(pool, capture_error_mode=...)``) is one the real torch takes and reads
+    alike, on each torch CI runs (the CPU build's ``torch.cuda`` keeps these Python
+    signatures too)."""
+    import inspect
+
+    from tests.cuda_sim import TORCH_NAMES, SimGraph
+
+    sim = CudaSim()
+    classes = {"Event": SimEvent, "Stream": SimStream, "CUDAGraph": SimGraph}
+    differ: dict[str, str] = {}
+    compared = 0
+    for name in TORCH_NAMES:
+        real = getattr(torch.cuda, name)
+        if name in classes:
+            # a constructor: torch's are ``__new__`` (the C base's ``__init__`` is generic)
+            pairs = [(f"{name}()", classes[name].__init__, real.__new__)]
+            for attr, fn in vars(classes[name]).items():
+                if inspect.isfunction(fn) and not attr.startswith("_"):
+                    real_fn = getattr(real, attr, None)
+                    assert inspect.isfunction(real_fn), \
+                        f"torch {torch.__version__}: torch.cuda.{name} has no method {attr}"
+                    pairs.append((f"{name}.{attr}", fn, real_fn))
+        elif inspect.isclass(real):  # torch.cuda.graph, torch.cuda.device: context classes
+            pairs = [(name, getattr(sim, name), real.__init__)]
+        else:
+            pairs = [(name, getattr(sim, name), real)]
+        for label, sim_fn, real_fn in pairs:
+            # the simulator's methods as classes hold them, or bound on the simulator
+            sim_bound = inspect.isfunction(sim_fn)
+            why = _agrees(sim_fn, real_fn, sim_bound=sim_bound, real_bound=True) \
+                if inspect.isclass(real) else \
+                _agrees(sim_fn, real_fn, sim_bound=False, real_bound=False)
+            compared += 1
+            if why:
+                differ[label] = why
+    assert compared >= len(TORCH_NAMES) + 10
+    assert differ == {}, f"torch {torch.__version__}: {differ}"
+
+
+def test_the_signature_check_finds_a_parameter_torch_lacks():
+    """The check above can fail: a stand-in whose parameter torch does not have, or whose
+    default differs, is named."""
+    def event(enable_timing=False, blocking=False, interprocess=False, external=False,
+              graph_safe=False):
+        pass
+
+    def capture_begin(self, pool=None, capture_error_mode="thread_local"):
+        pass
+
+    assert _agrees(event, torch.cuda.Event.__new__, sim_bound=False, real_bound=True) == \
+        "graph_safe: torch has no such parameter"
+    assert "default 'thread_local'" in _agrees(capture_begin, torch.cuda.CUDAGraph.capture_begin,
+                                               sim_bound=True, real_bound=True)
