@@ -151,6 +151,34 @@ def test_profiled_calls_time_every_kernel_within_the_call(monkeypatch):
         assert [k["kernel"] for k in call["kernels"]] == [k["kernel"] for k in graph["kernels"]]
 
 
+def test_a_kernel_launched_twice_is_timed_per_launch():
+    """Inductor launches one generated kernel twice where two nodes' code is the same (two
+    GELUs of one width): each of its two entries in the map is timed by its own launch,
+    the n-th entry by the n-th launch in the call, and no launch is counted unmatched. The
+    reference is the profile's own timeline of each call (``trace``), launch by launch."""
+    from statistics import median
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32),
+                              torch.nn.Linear(32, 64), torch.nn.GELU())
+    compiled = torch.compile(mlp, backend=fxflops.backend(kernels=3))
+    with torch.no_grad():
+        for _ in range(5):
+            compiled(torch.randn(16, 32))
+    (graph,) = report_of()["graphs"]
+    (row,) = graph["rows"]
+    names = [k["kernel"] for k in row["kernels"]]
+    twice = [n for n in set(names) if names.count(n) == 2 and not n.startswith("extern")]
+    assert twice, f"no kernel launched twice here: {names}"
+    prof = row["kernels_profile"]
+    assert prof["calls"] == 3 and prof["unmatched"] == 0
+    for name in twice:
+        for n, entry in enumerate(k for k in row["kernels"] if k["kernel"] == name):
+            per_call = [[k["dur_us"] for k in call["kernels"] if k["kernel"] == name][n]
+                        for call in prof["trace"]]
+            assert entry["median_ms"] == pytest.approx(median(per_call) / 1e3, rel=1e-3)
+
+
 def test_profiling_off_leaves_the_call_path_as_it_was():
     from fxflops.instrument.wrap import InstrumentedGraph
 

@@ -26,7 +26,9 @@ class KernelProfile:
         self.calls = 0
         self.call_ns: list[int] = []
         self.kernels_ns: list[int] = []  # per call: its kernels' time, added
-        self.samples: dict[str, list[int]] = {}
+        # per launch, by (kernel, its launch's place among that kernel's in the call): Inductor
+        # launches one generated kernel more than once where two nodes' code is the same
+        self.samples: dict[tuple[str, int], list[int]] = {}
         # per call: (its ns, [(kernel, start ns from the profile's start, ns)])
         self.trace: list[tuple[int, list[tuple[str, int, int]]]] = []
         self.unmatched = 0  # kernels the profile showed no event of (a CUDA-graph replay)
@@ -156,19 +158,31 @@ def match_events(events: list[Any], kernels: list[KernelCost], device: str
     return out
 
 
+def launches(found: list[tuple[str, Any, int]]) -> list[tuple[tuple[str, int], int]]:
+    """Each kernel launch of one call, in order, as ((kernel, n), ns): the n-th launch of
+    that kernel in the call (``n`` from 0), which is the n-th entry of its name in the
+    kernel map (the wrapper launches its kernels in the map's order)."""
+    seen: dict[str, int] = {}
+    out = []
+    for name, _, ns in found:
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        out.append(((name, n), ns))
+    return out
+
+
 def note(row: Any, call_ns: int, found: list[tuple[str, int, int]], expected: int) -> None:
+    """A profiled call: its time, its kernels' (``found``: ``match_events``) each under its
+    launch, and the launches of the ``expected`` the profile showed no event of."""
     prof = row.kernel_profile
     if prof is None:
         prof = row.kernel_profile = KernelProfile()
     prof.calls += 1
     prof.call_ns.append(call_ns)
     prof.kernels_ns.append(sum(ns for _, _, ns in found))
-    per_kernel: dict[str, int] = {}
-    for name, _, ns in found:
-        per_kernel[name] = per_kernel.get(name, 0) + ns
-    for name, ns in per_kernel.items():
-        prof.samples.setdefault(name, []).append(ns)
-    prof.unmatched += max(0, expected - len(per_kernel))
+    for launch, ns in launches(found):
+        prof.samples.setdefault(launch, []).append(ns)
+    prof.unmatched += max(0, expected - len(found))
     if len(prof.trace) < KernelProfile.TRACED:
         prof.trace.append((call_ns, found))
 

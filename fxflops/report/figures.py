@@ -113,6 +113,7 @@ def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: di
     hold run-time nodes), and where profiled each kernel's median time, rates and roofline;
     with the profiled calls' median and what the kernels leave of it (the wrapper's)."""
     from fxflops.cost.kernels import at_size, runtime_shares
+    from fxflops.recording.kernel_profile import launches
 
     kernels = g.kernels or []
     static = _KERNELS_AT.get(row)
@@ -120,11 +121,13 @@ def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: di
         static = _KERNELS_AT[row] = at_size(kernels, dict(zip(g.cost.symbols, row.key)))
     runtime = runtime_shares(kernels, fig["runtime_flops"])
     prof = row.kernel_profile
+    # each entry's own launch's times: a kernel the map holds twice is launched twice
+    places = launches([(k.name, None, 0) for k in kernels])
     out = []
-    for k, s, extra in zip(kernels, static, runtime):
+    for s, extra, (launch, _) in zip(static, runtime, places):
         # (run-time FLOPs go only to kernels holding run-time nodes: ``runtime_shares``)
         entry = {**s, "flops": s["flops"] + extra, "matmul_flops": s["matmul_flops"] + extra}
-        samples = prof.samples.get(k.name) if prof is not None else None
+        samples = prof.samples.get(launch) if prof is not None else None
         if samples:
             entry["median_ms"] = median(samples) / 1e6
             entry.update(throughput(entry["flops"], entry["matmul_flops"], entry["bytes"],
