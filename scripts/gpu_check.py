@@ -19,6 +19,8 @@ Prints one line per check, with its figure and its goal, and PASS or FAIL:
      (per-kernel FLOPs adding up to the row's exactly) and timed from Kineto's device events
      (every kernel a time; their sum within the call's).
 It first installs fxflops with ``pip install --no-deps -e .`` (the machine's torch stays).
+tests/test_gpu_check.py rehearses every check on a CPU (small, the CUDA simulator as
+``torch.cuda``), so that one that would raise is found before a GPU is lent.
 Exit status: 0 when every check met its goal, 1 when any missed it or failed, 2 without a
 GPU (nothing was checked).
 """

@@ -459,30 +459,59 @@ def test_a_flush_thread_and_a_host_thread_together():
 
 # --- the simulator's calls are torch.cuda's -------------------------------------------------
 
-def _parameters(fn: Any, drop_first: bool) -> list[Any]:
+def _parameters(fn: Any, drop_first: bool) -> list[tuple[str, str, str | None]]:
+    """(name, kind, default's repr or None) of each parameter of ``fn``."""
     import inspect
 
-    params = list(inspect.signature(fn).parameters.values())
-    return params[1:] if drop_first else params
+    params = list(inspect.signature(fn).parameters.values())[1 if drop_first else 0:]
+    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
+            for p in params]
 
 
-def _agrees(sim_fn: Any, real_fn: Any, *, sim_bound: bool, real_bound: bool) -> str | None:
+# torch.cuda's signatures, read in a fresh interpreter: torch as installed, not as other
+# libraries of this process left it (vLLM's CPU worker replaces torch.cuda.Event for good)
+_TORCH_SIDE = """
+import inspect, json, sys
+import torch
+spec = json.loads(sys.argv[1])
+
+def params(fn, drop_first):
+    ps = list(inspect.signature(fn).parameters.values())[1 if drop_first else 0:]
+    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
+            for p in ps]
+
+out = {}
+for name, methods in spec.items():
+    real = getattr(torch.cuda, name)
+    if methods is not None:  # a class the simulator stands in for: torch's __new__
+        out[name + "()"] = params(real.__new__, True)
+        for m in methods:
+            fn = getattr(real, m, None)
+            out[name + "." + m] = params(fn, True) if inspect.isfunction(fn) else None
+    elif inspect.isclass(real):  # torch.cuda.graph, torch.cuda.device: context classes
+        out[name] = params(real.__init__, True)
+    else:
+        out[name] = params(real, False)
+print(json.dumps(out))
+"""
+
+
+def _agrees(sim: list[Any], real: list[Any] | None) -> str | None:
     """Why a call the simulator accepts could mean something else to torch, or None: the
     simulator's parameters must be the real ones' first (names, kinds, defaults), and the
     real one's others optional."""
-    import inspect
-
-    sim, real = _parameters(sim_fn, sim_bound), _parameters(real_fn, real_bound)
-    for i, s in enumerate(sim):
+    if real is None:
+        return "torch has no such method"
+    for i, (name, kind, default) in enumerate(sim):
         if i >= len(real):
-            return f"{s.name}: torch has no such parameter"
-        r = real[i]
-        if (s.name, s.kind) != (r.name, r.kind):
-            return f"parameter {i}: {s.name} ({s.kind}) where torch has {r.name} ({r.kind})"
-        if s.default is not r.default and s.default != r.default:
-            return f"{s.name}: default {s.default!r} where torch's is {r.default!r}"
-    required = [r.name for r in real[len(sim):] if r.default is inspect.Parameter.empty
-                and r.kind not in (r.VAR_POSITIONAL, r.VAR_KEYWORD)]
+            return f"{name}: torch has no such parameter"
+        r_name, r_kind, r_default = real[i]
+        if (name, kind) != (r_name, r_kind):
+            return f"parameter {i}: {name} ({kind}) where torch has {r_name} ({r_kind})"
+        if default != r_default:
+            return f"{name}: default {default} where torch's is {r_default}"
+    required = [r[0] for r in real[len(sim):]
+                if r[2] is None and r[1] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
     return f"torch also requires {required}" if required else None
 
 
@@ -495,38 +524,33 @@ def test_the_simulator_is_called_as_the_installed_torch_cuda_is():
     alike, on each torch CI runs (the CPU build's ``torch.cuda`` keeps these Python
     signatures too)."""
     import inspect
+    import json
+    import sys
 
+    from tests import procs
     from tests.cuda_sim import TORCH_NAMES, SimGraph
 
     sim = CudaSim()
     classes = {"Event": SimEvent, "Stream": SimStream, "CUDAGraph": SimGraph}
-    differ: dict[str, str] = {}
-    compared = 0
+    ours: dict[str, list[Any]] = {}
+    spec: dict[str, list[str] | None] = {}
     for name in TORCH_NAMES:
-        real = getattr(torch.cuda, name)
         if name in classes:
-            # a constructor: torch's are ``__new__`` (the C base's ``__init__`` is generic)
-            pairs = [(f"{name}()", classes[name].__init__, real.__new__)]
-            for attr, fn in vars(classes[name]).items():
-                if inspect.isfunction(fn) and not attr.startswith("_"):
-                    real_fn = getattr(real, attr, None)
-                    assert inspect.isfunction(real_fn), \
-                        f"torch {torch.__version__}: torch.cuda.{name} has no method {attr}"
-                    pairs.append((f"{name}.{attr}", fn, real_fn))
-        elif inspect.isclass(real):  # torch.cuda.graph, torch.cuda.device: context classes
-            pairs = [(name, getattr(sim, name), real.__init__)]
-        else:
-            pairs = [(name, getattr(sim, name), real)]
-        for label, sim_fn, real_fn in pairs:
-            # the simulator's methods as classes hold them, or bound on the simulator
-            sim_bound = inspect.isfunction(sim_fn)
-            why = _agrees(sim_fn, real_fn, sim_bound=sim_bound, real_bound=True) \
-                if inspect.isclass(real) else \
-                _agrees(sim_fn, real_fn, sim_bound=False, real_bound=False)
-            compared += 1
-            if why:
-                differ[label] = why
-    assert compared >= len(TORCH_NAMES) + 10
+            ours[name + "()"] = _parameters(classes[name].__init__, True)
+            methods = [attr for attr, fn in vars(classes[name]).items()
+                       if inspect.isfunction(fn) and not attr.startswith("_")]
+            spec[name] = methods
+            for attr in methods:
+                ours[f"{name}.{attr}"] = _parameters(getattr(classes[name], attr), True)
+        else:  # bound on the simulator
+            spec[name] = None
+            ours[name] = _parameters(getattr(sim, name), False)
+    proc = procs.run([sys.executable, "-c", _TORCH_SIDE, json.dumps(spec)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(theirs) == set(ours) and len(ours) >= len(TORCH_NAMES) + 10
+    differ = {label: why for label in ours
+              if (why := _agrees(ours[label], theirs[label] and [tuple(p) for p in theirs[label]]))}
     assert differ == {}, f"torch {torch.__version__}: {differ}"
 
 
@@ -540,7 +564,13 @@ def test_the_signature_check_finds_a_parameter_torch_lacks():
     def capture_begin(self, pool=None, capture_error_mode="thread_local"):
         pass
 
-    assert _agrees(event, torch.cuda.Event.__new__, sim_bound=False, real_bound=True) == \
+    real_event = [("enable_timing", "POSITIONAL_OR_KEYWORD", "False"),
+                  ("blocking", "POSITIONAL_OR_KEYWORD", "False"),
+                  ("interprocess", "POSITIONAL_OR_KEYWORD", "False"),
+                  ("external", "POSITIONAL_OR_KEYWORD", "False")]
+    assert _agrees(_parameters(event, False), real_event) == \
         "graph_safe: torch has no such parameter"
-    assert "default 'thread_local'" in _agrees(capture_begin, torch.cuda.CUDAGraph.capture_begin,
-                                               sim_bound=True, real_bound=True)
+    real_begin = [("pool", "POSITIONAL_OR_KEYWORD", "None"),
+                  ("capture_error_mode", "POSITIONAL_OR_KEYWORD", "'global'")]
+    assert "default 'thread_local'" in _agrees(_parameters(capture_begin, True), real_begin)
+    assert _agrees(_parameters(capture_begin, True), None) == "torch has no such method"
