@@ -45,7 +45,7 @@ DEVICE = "cuda"
 SHRINK = 1
 
 
-def n(size: int) -> int:
+def shrunk(size: int) -> int:
     """A size of a check, shrunk for a rehearsal."""
     return max(8, size // SHRINK)
 
@@ -90,8 +90,8 @@ def check_event_agreement(iters: int) -> tuple[bool, str]:
 
     import fxflops
 
-    model = mlp(n(4096), 4)
-    x = torch.randn(n(256), n(4096), device=DEVICE, dtype=torch.bfloat16)
+    model = mlp(shrunk(4096), 4)
+    x = torch.randn(shrunk(256), shrunk(4096), device=DEVICE, dtype=torch.bfloat16)
     compiled, _, _ = compiled_pair(model, x)
     rec = fxflops.recorder()
     graph = rec.graphs[-1]
@@ -128,8 +128,8 @@ def check_calls_in_flight(iters: int) -> tuple[bool, str]:
 
     # about 6 ms a call on an H200 (4.4 TFLOP): the queue still holds work when the report
     # is made, and drains within the flush's wait (outputs/session.py's DEVICE_WAIT_S)
-    model = mlp(n(4096), 4)
-    x = torch.randn(n(4096), n(4096), device=DEVICE, dtype=torch.bfloat16)
+    model = mlp(shrunk(4096), 4)
+    x = torch.randn(shrunk(4096), shrunk(4096), device=DEVICE, dtype=torch.bfloat16)
     compiled, _, _ = compiled_pair(model, x)
     graph = fxflops.recorder().graphs[-1]
     torch.cuda.synchronize()
@@ -155,8 +155,8 @@ def check_calls_in_flight(iters: int) -> tuple[bool, str]:
 def check_overhead(iters: int) -> tuple[bool, str]:
     import torch
 
-    model = mlp(n(4096), 4)
-    x = torch.randn(1, n(4096), device=DEVICE, dtype=torch.bfloat16)
+    model = mlp(shrunk(4096), 4)
+    x = torch.randn(1, shrunk(4096), device=DEVICE, dtype=torch.bfloat16)
     _, ours, inputs = compiled_pair(model, x)
     bare = ours.inner
 
@@ -194,8 +194,8 @@ def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
 
     fxflops.reset_recorder()
     torch._dynamo.reset()
-    model_a, model_b = mlp(n(2048), 1), mlp(n(2048), 1)
-    x = torch.randn(8, n(2048), device=DEVICE, dtype=torch.bfloat16)
+    model_a, model_b = mlp(shrunk(2048), 1), mlp(shrunk(2048), 1)
+    x = torch.randn(8, shrunk(2048), device=DEVICE, dtype=torch.bfloat16)
     # a backend each: one backend for both would give both one graph (their forward is
     # one code object, the parameters its inputs), and A's rows would hold B's calls
     a = torch.compile(model_a, backend=fxflops.backend(name="A"))
@@ -242,7 +242,7 @@ def check_cuda_graph_replays(replays: int) -> tuple[bool, str]:
             f"{warm_ok}; host {1e6 * host_s / (2 * replays):.1f} us per replay")
     # reduce-overhead: Inductor's CUDA-graph trees inside fxflops' wrapper
     torch._dynamo.reset()
-    ro = torch.compile(mlp(n(2048), 1), backend=fxflops.backend(inner="inductor"),
+    ro = torch.compile(mlp(shrunk(2048), 1), backend=fxflops.backend(inner="inductor"),
                        mode="reduce-overhead")
     bare = torch.compile(ro._orig_mod, mode="reduce-overhead")
     with torch.no_grad():
@@ -268,10 +268,11 @@ def check_training(steps: int) -> tuple[bool, str]:
     import fxflops
 
     torch._dynamo.reset()
-    model = torch.nn.Sequential(torch.nn.Linear(n(2048), n(8192)), torch.nn.GELU(),
-                                torch.nn.Linear(n(8192), n(2048))).to(DEVICE, torch.bfloat16)
+    wide, narrow = shrunk(8192), shrunk(2048)
+    model = torch.nn.Sequential(torch.nn.Linear(narrow, wide), torch.nn.GELU(),
+                                torch.nn.Linear(wide, narrow)).to(DEVICE, torch.bfloat16)
     compiled = torch.compile(model, backend="fxflops")
-    x = torch.randn(n(256), n(2048), device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(shrunk(256), shrunk(2048), device=DEVICE, dtype=torch.bfloat16)
     for _ in range(3):
         compiled(x).float().pow(2).mean().backward()
     torch.cuda.synchronize()
@@ -309,7 +310,7 @@ def check_peak() -> tuple[bool, str]:
 
     name = torch.cuda.get_device_name()
     table = current_peak(name, "bf16")
-    tflops, gbps = measure(DEVICE, "bf16", n(8192))
+    tflops, gbps = measure(DEVICE, "bf16", shrunk(8192))
     if not table["tflops"] or not table["gbps"]:
         return False, f"{name}: not in the device table (bf16 {tflops:.1f} TFLOP/s measured)"
     mfu, bw = tflops / table["tflops"], gbps / table["gbps"]
@@ -354,9 +355,9 @@ def check_kernels(calls: int) -> tuple[bool, str]:
 
     fxflops.reset_recorder()
     torch._dynamo.reset()
-    model = mlp(n(1024), 2)
+    model = mlp(shrunk(1024), 2)
     compiled = torch.compile(model, backend=fxflops.backend(kernels=calls))
-    x = torch.randn(n(256), n(1024), device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(shrunk(256), shrunk(1024), device=DEVICE, dtype=torch.bfloat16)
     with torch.no_grad():
         for _ in range(calls + 5):
             compiled(x)

@@ -263,10 +263,12 @@ class CudaSim:
         old, t.mode = t.mode, mode
         return old
 
-    def install(self, monkeypatch: Any) -> CudaSim:
-        """Patch ``torch.cuda``'s namesakes (see TORCH_NAMES); monkeypatch undoes it."""
+    def install(self, monkeypatch: Any, leave: tuple[str, ...] = ()) -> CudaSim:
+        """Patch ``torch.cuda``'s namesakes (see TORCH_NAMES), less those in ``leave``;
+        monkeypatch undoes it."""
         for name in TORCH_NAMES:
-            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+            if name not in leave:
+                monkeypatch.setattr(torch.cuda, name, getattr(self, name))
         return self
 
     # --- torch.cuda: devices and streams -----------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -473,13 +474,8 @@ def _parameters(fn: Any, drop_first: bool) -> list[tuple[str, str, str | None]]:
 _TORCH_SIDE = """
 import inspect, json, sys
 import torch
+from tests.test_cuda_sim import _parameters as params
 spec = json.loads(sys.argv[1])
-
-def params(fn, drop_first):
-    ps = list(inspect.signature(fn).parameters.values())[1 if drop_first else 0:]
-    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
-            for p in ps]
-
 out = {}
 for name, methods in spec.items():
     real = getattr(torch.cuda, name)
@@ -545,7 +541,8 @@ def test_the_simulator_is_called_as_the_installed_torch_cuda_is():
         else:  # bound on the simulator
             spec[name] = None
             ours[name] = _parameters(getattr(sim, name), False)
-    proc = procs.run([sys.executable, "-c", _TORCH_SIDE, json.dumps(spec)], timeout=120)
+    proc = procs.run([sys.executable, "-c", _TORCH_SIDE, json.dumps(spec)], timeout=120,
+                     cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(theirs) == set(ours) and len(ours) >= len(TORCH_NAMES) + 10

@@ -27,14 +27,9 @@ def gpu_check(monkeypatch, tmp_path):
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "DEVICE", "cpu")
     monkeypatch.setattr(module, "SHRINK", 64)
-    import torch
-
     # the simulator for the checks' own torch.cuda calls, but torch itself still sees no
     # CUDA (Inductor would look for Triton on a device): the checks' graphs are CPU graphs
-    is_available, device_count = torch.cuda.is_available, torch.cuda.device_count
-    CudaSim(lag=2, devices=1).install(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "is_available", is_available)
-    monkeypatch.setattr(torch.cuda, "device_count", device_count)
+    CudaSim(lag=2, devices=1).install(monkeypatch, leave=("is_available", "device_count"))
     # check 3 points FXFLOPS_OUT at a folder of its own: put back afterwards
     monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
     return module

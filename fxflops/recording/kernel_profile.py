@@ -31,7 +31,7 @@ class KernelProfile:
         self.samples: dict[tuple[str, int], list[int]] = {}
         # per call: (its ns, [(kernel, start ns from the profile's start, ns)])
         self.trace: list[tuple[int, list[tuple[str, int, int]]]] = []
-        self.unmatched = 0  # kernels the profile showed no event of (a CUDA-graph replay)
+        self.unmatched = 0  # launches the profile showed no event of (a CUDA-graph replay)
 
 
 def op_event(kernel: str) -> str:
@@ -158,16 +158,16 @@ def match_events(events: list[Any], kernels: list[KernelCost], device: str
     return out
 
 
-def launches(found: list[tuple[str, Any, int]]) -> list[tuple[tuple[str, int], int]]:
-    """Each kernel launch of one call, in order, as ((kernel, n), ns): the n-th launch of
-    that kernel in the call (``n`` from 0), which is the n-th entry of its name in the
-    kernel map (the wrapper launches its kernels in the map's order)."""
+def launches(names: list[str]) -> list[tuple[str, int]]:
+    """Each kernel launch of one call, in order, as (kernel, n): the n-th launch of that
+    kernel in the call (``n`` from 0), which is the n-th entry of its name in the kernel
+    map (the wrapper launches its kernels in the map's order)."""
     seen: dict[str, int] = {}
     out = []
-    for name, _, ns in found:
+    for name in names:
         n = seen.get(name, 0)
         seen[name] = n + 1
-        out.append(((name, n), ns))
+        out.append((name, n))
     return out
 
 
@@ -180,7 +180,7 @@ def note(row: Any, call_ns: int, found: list[tuple[str, int, int]], expected: in
     prof.calls += 1
     prof.call_ns.append(call_ns)
     prof.kernels_ns.append(sum(ns for _, _, ns in found))
-    for launch, ns in launches(found):
+    for launch, (_, _, ns) in zip(launches([name for name, _, _ in found]), found):
         prof.samples.setdefault(launch, []).append(ns)
     prof.unmatched += max(0, expected - len(found))
     if len(prof.trace) < KernelProfile.TRACED:

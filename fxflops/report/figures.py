@@ -122,9 +122,9 @@ def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: di
     runtime = runtime_shares(kernels, fig["runtime_flops"])
     prof = row.kernel_profile
     # each entry's own launch's times: a kernel the map holds twice is launched twice
-    places = launches([(k.name, None, 0) for k in kernels])
+    places = launches([k.name for k in kernels])
     out = []
-    for s, extra, (launch, _) in zip(static, runtime, places):
+    for s, extra, launch in zip(static, runtime, places):
         # (run-time FLOPs go only to kernels holding run-time nodes: ``runtime_shares``)
         entry = {**s, "flops": s["flops"] + extra, "matmul_flops": s["matmul_flops"] + extra}
         samples = prof.samples.get(launch) if prof is not None else None
