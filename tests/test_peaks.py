@@ -99,6 +99,64 @@ def test_a_cpus_peak_is_derived_from_its_isa_cores_and_clock(text, cpus, threads
     assert source.startswith("derived:") and isa in source
 
 
+# /proc/cpuinfo of an Arm server (Neoverse V1): its flags are "Features", it names no clock
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid sve bf16
+CPU implementer\t: 0x41
+CPU part\t: 0xd40
+"""
+
+
+def _sysfs(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+@pytest.mark.parametrize("files,clock_ghz,label", [
+    # cpufreq's base clock (kHz) first, over CPPC's and the maximum
+    ({"cpufreq/base_frequency": "2000000\n", "acpi_cppc/nominal_freq": "2600\n",
+      "cpufreq/cpuinfo_max_freq": "3500000\n"}, 2.0, "base clock"),
+    # no cpufreq base (an Arm or AMD server): ACPI CPPC's nominal clock (MHz)
+    ({"acpi_cppc/nominal_freq": "2600\n", "cpufreq/cpuinfo_max_freq": "3500000\n"}, 2.6,
+     "nominal clock (ACPI CPPC)"),
+    # a firmware that says 0 knows nothing: the maximum
+    ({"acpi_cppc/nominal_freq": "0\n", "cpufreq/cpuinfo_max_freq": "3500000\n"}, 3.5,
+     "max clock"),
+    # nothing at all: no clock, no peak
+    ({}, None, "no clock known"),
+])
+def test_an_arm_hosts_peak_reads_its_clock_from_sysfs(tmp_path, files, clock_ghz, label):
+    from fxflops.report.cpu_peak import derive, read_facts
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(ARM_CPUINFO)
+    facts = read_facts(str(cpuinfo), _sysfs(tmp_path / "cpu0", files), cpus=4,
+                       torch_threads=4)
+    assert facts is not None and "asimd" in facts.flags and facts.cores == 4
+    got, source = derive(facts, "fp32")
+    # NEON: 2 x 128-bit FMA units, 16 fp32 FLOP/cycle per core
+    assert got == (pytest.approx(4 * clock_ghz * 1e9 * 16 / 1e12, rel=1e-9)
+                   if clock_ghz else None), source
+    assert label in source and "neon" in source
+    assert read_facts(str(tmp_path / "absent"), str(tmp_path), 1, None) is None
+
+
+def test_a_cpu_without_known_vector_flags_is_not_called_sse():
+    from fxflops.report.cpu_peak import CpuFacts, derive
+
+    power = CpuFacts.parse("processor\t: 0\ncpu\t\t: POWER9\nclock\t\t: 3800.000000MHz\n",
+                           cpus=2, base_mhz=3800.0)
+    got, source = derive(power, "fp32")
+    assert got == pytest.approx(2 * 3.8e9 * 8 / 1e12) and "128-bit vectors assumed" in source
+    assert "sse" not in source
+    old_x86 = CpuFacts.parse("flags\t\t: fpu sse sse2\n", cpus=1, base_mhz=2000.0)
+    assert "(sse2)" in derive(old_x86, "fp32")[1]
+
+
 def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(monkeypatch):
     """Out of the box a CPU run's report has a peak (source "derived: ...") and its rows an
     MFU; ``fxflops peak --measure``'s figure replaces it; the environment overrides both."""

@@ -12,7 +12,7 @@
   | fp32 | `avx512f` on AMD family 26 and later (Zen 5: 512-bit datapaths) | 64 |
   | fp32 | `avx2` and `fma` (2 x 256-bit FMA units) | 32 |
   | fp32 | `asimd` (Arm NEON: 2 x 128-bit FMA units) | 16 |
-  | fp32 | none of these (SSE: 128-bit multiply and add) | 8 |
+  | fp32 | none of these (SSE2, or an ISA not named here: a 128-bit multiply and add) | 8 |
   | bf16 | `amx_bf16` (AMX: a 16x16x32 tile product per 16 cycles) | 1024 |
   | bf16 | `avx512_bf16` (VDPBF16PS: 2 products per fp32 lane) | 2 x fp32's |
   | fp16 | `amx_fp16` | 1024 |
@@ -23,9 +23,11 @@
 
 - **Cores used**: the physical cores of the CPUs this process may run on
   (``sched_getaffinity``, divided by the threads per core), at most torch's threads.
-- **Clock**: the base clock (``cpufreq/base_frequency``, or the ``@ x.xxGHz`` of the
-  model name), else the maximum (``cpuinfo_max_freq``, lscpu's ``CPU max MHz``), else the
-  current (``cpu MHz``): the source says which.
+- **Clock**: the base clock (``cpufreq/base_frequency``; else ACPI CPPC's nominal
+  clock, ``acpi_cppc/nominal_freq``, which Arm and AMD servers give where cpufreq has no
+  base; else the ``@ x.xxGHz`` of the model name), else the maximum
+  (``cpuinfo_max_freq``, lscpu's ``CPU max MHz``), else the current (``cpu MHz``): the
+  source says which.
 
 The result is labelled ``derived`` in reports; ``fxflops peak --measure`` replaces it
 with a measured peak, ``FXFLOPS_PEAK_TFLOPS`` with the user's.
@@ -66,8 +68,10 @@ class CpuFacts:
 
     @classmethod
     def parse(cls, text: str, cpus: int = 1, torch_threads: int | None = None,
-              base_mhz: float | None = None, max_mhz: float | None = None) -> CpuFacts:
-        """From lscpu's output or /proc/cpuinfo (the first processor's fields)."""
+              base_mhz: float | None = None, max_mhz: float | None = None,
+              base_label: str = "base clock") -> CpuFacts:
+        """From lscpu's output or /proc/cpuinfo (the first processor's fields);
+        ``base_mhz`` (labelled ``base_label``) and ``max_mhz`` from files that say them."""
         fields: dict[str, str] = {}
         for line in text.splitlines():
             key, sep, value = line.partition(":")
@@ -84,7 +88,7 @@ class CpuFacts:
         in_name = re.search(r"@\s*([\d.]+)\s*GHz", name)
         max_mhz = max_mhz or _float(fields.get("cpu max mhz"))
         if base_mhz:
-            clock, source = base_mhz / 1e3, "base clock"
+            clock, source = base_mhz / 1e3, base_label
         elif in_name:
             clock, source = float(in_name.group(1)), "base clock (model name)"
         elif max_mhz:
@@ -106,7 +110,9 @@ class CpuFacts:
 
 def flops_per_cycle(facts: CpuFacts, dtype: str) -> tuple[int, str]:
     """(FLOPs per cycle per core, the ISA rule that gave it) for ``dtype`` (see the table)."""
-    fp32, isa = 8, "sse"
+    # no vector flag this table knows (SSE2 alone, or an ISA it does not name): one
+    # 128-bit multiply and one add a cycle
+    fp32, isa = 8, "sse2" if "sse2" in facts.flags else "128-bit vectors assumed"
     for test, per_cycle, label in _FP32_RULES:
         if test(facts):
             fp32, isa = per_cycle, label
@@ -145,11 +151,6 @@ def this_host() -> CpuFacts | None:
     """This host's facts (/proc/cpuinfo, cpufreq, this process's affinity and torch's
     threads); None where they cannot be read. Read once per process."""
     try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read(1 << 16)
-    except OSError:
-        return None
-    try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
@@ -160,9 +161,23 @@ def this_host() -> CpuFacts | None:
         threads = torch.get_num_threads()
     except Exception:
         pass
-    freq = "/sys/devices/system/cpu/cpu0/cpufreq/"
-    return CpuFacts.parse(text, cpus, threads, base_mhz=_khz_file(freq + "base_frequency"),
-                          max_mhz=_khz_file(freq + "cpuinfo_max_freq"))
+    return read_facts("/proc/cpuinfo", "/sys/devices/system/cpu/cpu0", cpus, threads)
+
+
+def read_facts(cpuinfo: str, cpu0: str, cpus: int, torch_threads: int | None
+               ) -> CpuFacts | None:
+    """The facts in the text of ``cpuinfo`` and the clock files under ``cpu0`` (sysfs'
+    directory of the first CPU); None where ``cpuinfo`` cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return None
+    base, label = _khz_file(f"{cpu0}/cpufreq/base_frequency"), "base clock"
+    if base is None:
+        base, label = _mhz_file(f"{cpu0}/acpi_cppc/nominal_freq"), "nominal clock (ACPI CPPC)"
+    return CpuFacts.parse(text, cpus, torch_threads, base_mhz=base, base_label=label,
+                          max_mhz=_khz_file(f"{cpu0}/cpufreq/cpuinfo_max_freq"))
 
 
 def host_peak(dtype: str) -> tuple[float | None, str]:
@@ -182,8 +197,16 @@ def _float(value: Any) -> float | None:
 
 def _khz_file(path: str) -> float | None:
     """A cpufreq file (kHz) in MHz."""
+    mhz = _mhz_file(path)
+    return mhz / 1e3 if mhz is not None else None
+
+
+def _mhz_file(path: str) -> float | None:
+    """A file holding one positive integer (ACPI CPPC's are in MHz); None where it cannot
+    be read or says 0 (a firmware that does not know)."""
     try:
         with open(path) as f:
-            return int(f.read().strip()) / 1e3
+            value = int(f.read().strip())
     except (OSError, ValueError):
         return None
+    return float(value) if value > 0 else None
