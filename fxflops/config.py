@@ -57,13 +57,6 @@ def _positive_int(raw: str) -> int:
     return value
 
 
-def _power_of_two(raw: str) -> int:
-    value = _positive_int(raw)
-    if value & (value - 1):
-        raise ValueError("must be a power of two (1, 2, 4, 8, ...)")
-    return value
-
-
 def _seconds(raw: str) -> float:
     """A period in seconds; 0 switches the periodic job off."""
     value = float(raw.strip())
@@ -120,10 +113,11 @@ WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
 # the calls of a (graph, size) timed one by one before SAMPLE_EVERY applies: short runs
 # (the demo, a test, the tuner's sweep) time every call; a server's steady state samples
 TIMED_FIRST = 16
-SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _power_of_two, 16,
-                        f"after a (graph, size)'s first {TIMED_FIRST} calls (or this many, if "
-                        "more), time one call in this many and count every one (1: time every "
-                        "call; the CPU clock's path; see [conventions.md](conventions.md))")
+SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 16,
+                        f"after a (graph, size)'s first {TIMED_FIRST} calls (rounded up to a "
+                        "multiple of this), time one call in this many and count every one "
+                        "(1: time every call; the CPU clock's path; see "
+                        "[conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,

@@ -61,7 +61,7 @@ ENV_FAULTS = [
     ("FXFLOPS_MAX_SIZES", "0"), ("FXFLOPS_PEAK_TFLOPS", "abc"), ("FXFLOPS_PEAK_TFLOPS", "-3"),
     ("FXFLOPS_PEAK_TFLOPS", "nan"), ("FXFLOPS_PEAK_GBPS", "inf"), ("FXFLOPS_FLUSH_S", "abc"),
     ("FXFLOPS_FLUSH_S", "-1"), ("FXFLOPS_LOG_INTERVAL", "soon"), ("FXFLOPS_RANK", "first"),
-    ("FXFLOPS_RANK", "-2"), ("FXFLOPS", "maybe"), ("FXFLOPS_SAMPLE_EVERY", "3"),
+    ("FXFLOPS_RANK", "-2"), ("FXFLOPS", "maybe"), ("FXFLOPS_SAMPLE_EVERY", "-16"),
     ("FXFLOPS_SAMPLE_EVERY", "0"),
 ]
 

@@ -379,11 +379,14 @@ class SteppingClock:
         return k * 10**9 + end * (k + 1) * 1000
 
 
-SAMPLING = [(4, 102, False, 16, 38), (4, 102, True, 16, 38), (64, 300, False, 64, 68)]
+# (every, calls, grad, the calls timed first, the calls timed in all), the last two by hand:
+# 16 rounded up to a multiple of ``every``, then one in ``every``
+SAMPLING = [(4, 102, False, 16, 38), (4, 102, True, 16, 38), (64, 300, False, 64, 68),
+            (10, 100, False, 20, 28)]
 
 
 @pytest.mark.parametrize("every,calls,grad,first,timed", SAMPLING,
-                         ids=["every4-grad-off", "every4-grad-on-boxed", "every64"])
+                         ids=["every4-grad-off", "every4-grad-on-boxed", "every64", "every10"])
 def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
         every, calls, grad, first, timed, monkeypatch, tmp_path):
     """Through torch.compile (grad on: AOTAutograd's boxed forward graph), with
@@ -391,7 +394,8 @@ def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
     the 17th, 21st, ... (0-based 16, 20, ...); a sample stands for itself and the 3
     calls after it in the total, and the window holds the samples in the order they were
     taken. With 64, more than the 16 calls timed first: the first 64 are timed, then the
-    65th, 129th, ... (a sample never stands for calls before it)."""
+    65th, 129th, ... (a sample never stands for calls before it). With 10, not a power of
+    two: the first 20 (16 rounded up to a multiple of 10), then the 21st, 31st, ..."""
     monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", str(every))  # read when a graph is made
     clock = SteppingClock()
     monkeypatch.setattr(wrap, "_now", clock)

@@ -373,8 +373,8 @@ def hot_function(graph: InstrumentedGraph
 
     Per call: the size key (an expression over the arguments), one dict lookup, the count
     (as the call returns: one that raises is not counted, as on every path) and the row's
-    next sample's due count (an int comparison). A size's first ``TIMED_FIRST`` calls (or
-    ``every``, if more) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
+    next sample's due count (an int comparison). A size's first ``TIMED_FIRST`` calls (rounded
+    up to a multiple of ``every``) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
     clock reads and ``note``, the sample standing for itself and the calls until the next
     in the total. The others pay no clock: the clock and the sample are
     most of the bookkeeping's cost, and a median needs a sample, not every call. Anything
