@@ -136,7 +136,8 @@ KERNELS = Variable("FXFLOPS_KERNELS", _count, None,
                    "[kernels.md](kernels.md))")
 LOG = Variable("FXFLOPS_LOG", _text, None,
                "`debug`: keep what the profiler itself prints at each profiled call (Kineto's "
-               "`USDT`/`STAGE` lines, dropped otherwise; see [kernels.md](kernels.md))")
+               "log lines: `USDT`/`STAGE` ones, its warnings and errors; dropped otherwise; "
+               "see [kernels.md](kernels.md))")
 PROMETHEUS = Variable("FXFLOPS_PROMETHEUS", _flag, False,
                      "export Prometheus counters (written at each flush; under vLLM they show "
                      "in its `/metrics`, see [serving.md](serving.md))")

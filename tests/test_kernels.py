@@ -391,6 +391,37 @@ def test_report_kernels_lists_the_slowest_first_and_the_furthest_from_the_roofli
     assert "furthest from the roofline: k_far (1.0%), k_mid (5.0%), k_slow (50.0%)" in text
 
 
+def test_the_profilers_own_lines_are_dropped_and_the_rest_kept(capfd, monkeypatch):
+    """What Kineto prints while the profiler starts or stops goes nowhere: its USDT and STAGE
+    lines, its warnings and errors in its logger's format (a CUDA build on a host without a
+    GPU logs ``gpuGetDeviceCount failed``: written here by hand, as this host's build does
+    not), and glog's format; another thread's lines written meanwhile, a Python logger's
+    ``WARNING:root:`` among them, are kept in order. ``FXFLOPS_LOG=debug`` keeps them all."""
+    from fxflops.recording.kernel_profile import profiler_quiet
+
+    kineto = [
+        "USDT:2026-12-03 04:36:07 14727:14727 SyncActivityProfilerHandler.cpp:52] profiler_start",
+        "STAGE:2026-12-03 04:36:07 14727:14727 ActivityProfilerController.cpp:314] Completed",
+        "ERROR:2026-12-03 04:36:07 14727:14727 CudaDeviceProperties.cpp:26] gpuGetDeviceCount "
+        "failed with code 35",
+        "WARNING:2026-12-03 04:36:07 14727:14730 CuptiActivityProfiler.cpp:1102] no CUPTI",
+        "E1203 04:36:07.123456 14727 CudaDeviceProperties.cpp:26] gpuGetDeviceCount failed",
+    ]
+    host = ["WARNING:root:a host's warning", "host line 2026-12-03 04:36:07 1:1 a.py:1] x"]
+    written = [kineto[0], host[0], *kineto[1:], host[1]]
+
+    def write_all():
+        with profiler_quiet():
+            os.write(2, "".join(line + "\n" for line in written).encode())
+
+    monkeypatch.delenv("FXFLOPS_LOG", raising=False)
+    write_all()
+    assert capfd.readouterr().err.splitlines() == host
+    monkeypatch.setenv("FXFLOPS_LOG", "debug")
+    write_all()
+    assert capfd.readouterr().err.splitlines() == written
+
+
 def test_profiled_calls_leave_the_log_quiet(tmp_path):
     """``kernels=N``: Kineto prints a ``USDT:... profiler_start``/``profiler_stop`` line at
     each profiled call; fxflops drops them (a server profiling N calls per size would flood

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -46,17 +47,22 @@ def op_event(kernel: str) -> str:
     return name
 
 
-# what the profiler's C++ side prints on every start and stop (Kineto's "USDT:... profiler_
-# start" and "STAGE:... Completed Stage" lines): a server profiling N calls per size would
-# flood its log with them
-_PROFILER_NOISE = (b"USDT:", b"STAGE:")
+# what the profiler's C++ side prints while it starts and stops: Kineto's log lines, in its
+# own logger's format ("USDT:2026-12-03 04:36:07 123:123 File.cpp:52] profiler_start" on
+# every start and stop, "STAGE:" ones, and its warnings and errors, such as a CUDA build's
+# "ERROR:... gpuGetDeviceCount failed with code 35" on a host without a GPU) or, in a
+# build with glog, in glog's ("E1203 04:36:07.123456 123 File.cpp:52] ..."). A server
+# profiling N calls per size would flood its log with them
+_PROFILER_LINE = re.compile(
+    rb"(?:(?:V|INFO|WARNING|ERROR|STAGE|USDT|\?\?\?):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+"
+    rb"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+) \S+:\d+\] ")
 
 
 @contextlib.contextmanager
 def profiler_quiet() -> Iterator[None]:
     """The process's stderr, around a profiler start or stop, without the profiler's own
-    lines: whatever else was written meanwhile (another thread's log) is written on after
-    it. ``FXFLOPS_LOG=debug`` keeps them."""
+    lines (Kineto's log lines, ``_PROFILER_LINE``): whatever else was written meanwhile
+    (another thread's log) is written on after it. ``FXFLOPS_LOG=debug`` keeps them."""
     if config.LOG.get() == "debug":
         yield
         return
@@ -75,7 +81,7 @@ def profiler_quiet() -> Iterator[None]:
         os.close(saved)
         spool.seek(0)
         kept = b"".join(line for line in spool.read().splitlines(keepends=True)
-                        if not line.startswith(_PROFILER_NOISE))
+                        if not _PROFILER_LINE.match(line))
         spool.close()
         if kept:
             os.write(2, kept)
