@@ -109,6 +109,7 @@ CPU part\t: 0xd40
 
 
 def _sysfs(root, files):
+    """A fake ``/sys/devices/system/cpu``: ``files`` maps paths under it to their text."""
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,14 +119,14 @@ def _sysfs(root, files):
 
 @pytest.mark.parametrize("files,clock_ghz,label", [
     # cpufreq's base clock (kHz) first, over CPPC's and the maximum
-    ({"cpufreq/base_frequency": "2000000\n", "acpi_cppc/nominal_freq": "2600\n",
-      "cpufreq/cpuinfo_max_freq": "3500000\n"}, 2.0, "base clock"),
+    ({"cpu0/cpufreq/base_frequency": "2000000\n", "cpu0/acpi_cppc/nominal_freq": "2600\n",
+      "cpu0/cpufreq/cpuinfo_max_freq": "3500000\n"}, 2.0, "base clock"),
     # no cpufreq base (an Arm or AMD server): ACPI CPPC's nominal clock (MHz)
-    ({"acpi_cppc/nominal_freq": "2600\n", "cpufreq/cpuinfo_max_freq": "3500000\n"}, 2.6,
-     "nominal clock (ACPI CPPC)"),
+    ({"cpu0/acpi_cppc/nominal_freq": "2600\n", "cpu0/cpufreq/cpuinfo_max_freq": "3500000\n"},
+     2.6, "nominal clock (ACPI CPPC)"),
     # a firmware that says 0 knows nothing: the maximum
-    ({"acpi_cppc/nominal_freq": "0\n", "cpufreq/cpuinfo_max_freq": "3500000\n"}, 3.5,
-     "max clock"),
+    ({"cpu0/acpi_cppc/nominal_freq": "0\n", "cpu0/cpufreq/cpuinfo_max_freq": "3500000\n"},
+     3.5, "max clock"),
     # nothing at all: no clock, no peak
     ({}, None, "no clock known"),
 ])
@@ -134,7 +135,7 @@ def test_an_arm_hosts_peak_reads_its_clock_from_sysfs(tmp_path, files, clock_ghz
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(ARM_CPUINFO)
-    facts = read_facts(str(cpuinfo), _sysfs(tmp_path / "cpu0", files), cpus=4,
+    facts = read_facts(str(cpuinfo), _sysfs(tmp_path / "cpu", files), [0, 1, 2, 3],
                        torch_threads=4)
     assert facts is not None and "asimd" in facts.flags and facts.cores == 4
     got, source = derive(facts, "fp32")
@@ -142,7 +143,37 @@ def test_an_arm_hosts_peak_reads_its_clock_from_sysfs(tmp_path, files, clock_ghz
     assert got == (pytest.approx(4 * clock_ghz * 1e9 * 16 / 1e12, rel=1e-9)
                    if clock_ghz else None), source
     assert label in source and "neon" in source
-    assert read_facts(str(tmp_path / "absent"), str(tmp_path), 1, None) is None
+    assert read_facts(str(tmp_path / "absent"), str(tmp_path), [0], None) is None
+
+
+# an SMT-2 host of 4 cores as Linux numbers it: CPUs 0-3 are the cores' first threads,
+# 4-7 their siblings (CPU n and n + 4 share core n)
+SMT_TOPOLOGY = {f"cpu{n}/topology/{name}": f"{value}\n" for n in range(8)
+                for name, value in (("core_id", n % 4), ("physical_package_id", 0))}
+
+
+@pytest.mark.parametrize("allowed,files,cores", [
+    ([0, 1, 2, 3], SMT_TOPOLOGY, 4),  # pinned to a thread of each core: four cores
+    ([0, 4], SMT_TOPOLOGY, 1),  # both threads of one core: one
+    ([0, 1, 4, 5], SMT_TOPOLOGY, 2),
+    (list(range(8)), SMT_TOPOLOGY, 4),
+    # no topology to read: the CPUs over /proc/cpuinfo's threads per core (siblings 8 /
+    # cpu cores 4)
+    ([0, 1, 2, 3], {}, 2),
+])
+def test_the_cores_are_those_the_allowed_cpus_are_on(tmp_path, allowed, files, cores):
+    from fxflops.report.cpu_peak import read_facts
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2 fma\nsiblings\t: 8\ncpu cores\t: 4\n"
+                       "cpu MHz\t\t: 3000.000\n")
+    facts = read_facts(str(cpuinfo), _sysfs(tmp_path / "cpu", files), allowed,
+                       torch_threads=8)
+    assert facts is not None and facts.threads_per_core == 2
+    assert facts.cores == cores
+    # torch's threads bound it: one thread runs on one core
+    assert read_facts(str(cpuinfo), _sysfs(tmp_path / "cpu", files), allowed,
+                      torch_threads=1).cores == 1
 
 
 def test_a_cpu_without_known_vector_flags_is_not_called_sse():

@@ -22,7 +22,9 @@
   | any other | computed in fp32 (converted on the way in) | fp32's |
 
 - **Cores used**: the physical cores of the CPUs this process may run on
-  (``sched_getaffinity``, divided by the threads per core), at most torch's threads.
+  (``sched_getaffinity``; each CPU's core by sysfs' ``topology``, so that CPUs pinned on
+  distinct cores count as such, else the CPUs divided by the threads per core), at most
+  torch's threads.
 - **Clock**: the base clock (``cpufreq/base_frequency``; else ACPI CPPC's nominal
   clock, ``acpi_cppc/nominal_freq``, which Arm and AMD servers give where cpufreq has no
   base; else the ``@ x.xxGHz`` of the model name), else the maximum
@@ -39,6 +41,7 @@ import dataclasses
 import functools
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _FP32_RULES = (  # (test on facts, FLOPs per cycle per core, ISA label)
@@ -65,13 +68,15 @@ class CpuFacts:
     clock_source: str = "none"
     cpus: int = 1  # logical CPUs this process may run on
     torch_threads: int | None = None
+    physical_cores: int | None = None  # the distinct cores of those CPUs, where known
 
     @classmethod
     def parse(cls, text: str, cpus: int = 1, torch_threads: int | None = None,
               base_mhz: float | None = None, max_mhz: float | None = None,
-              base_label: str = "base clock") -> CpuFacts:
+              base_label: str = "base clock", physical_cores: int | None = None) -> CpuFacts:
         """From lscpu's output or /proc/cpuinfo (the first processor's fields);
-        ``base_mhz`` (labelled ``base_label``) and ``max_mhz`` from files that say them."""
+        ``base_mhz`` (labelled ``base_label``) and ``max_mhz`` from files that say them,
+        ``physical_cores`` from the CPUs' topology."""
         fields: dict[str, str] = {}
         for line in text.splitlines():
             key, sep, value = line.partition(":")
@@ -98,13 +103,13 @@ class CpuFacts:
         return cls(flags, fields.get("vendor id") or fields.get("vendor_id", ""),
                    int(family) if family.isdigit() else 0, name,
                    int(threads) if threads and threads.isdigit() else 1, clock, source,
-                   cpus, torch_threads)
+                   cpus, torch_threads, physical_cores)
 
     @property
     def cores(self) -> int:
-        """Physical cores used: the allowed CPUs over threads per core, at most torch's
-        threads (each thread on a core of its own)."""
-        cores = max(1, self.cpus // max(1, self.threads_per_core))
+        """Physical cores used: the allowed CPUs' distinct cores (else the CPUs over threads
+        per core), at most torch's threads (each thread on a core of its own)."""
+        cores = self.physical_cores or max(1, self.cpus // max(1, self.threads_per_core))
         return min(cores, self.torch_threads) if self.torch_threads else cores
 
 
@@ -148,12 +153,12 @@ def derive(facts: CpuFacts, dtype: str) -> tuple[float | None, str]:
 
 @functools.lru_cache(maxsize=1)
 def this_host() -> CpuFacts | None:
-    """This host's facts (/proc/cpuinfo, cpufreq, this process's affinity and torch's
-    threads); None where they cannot be read. Read once per process."""
+    """This host's facts (/proc/cpuinfo, sysfs' clock and topology, this process's
+    affinity and torch's threads); None where they cannot be read. Read once per process."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
+        allowed = list(range(os.cpu_count() or 1))
     threads: int | None = None
     try:
         import torch
@@ -161,23 +166,41 @@ def this_host() -> CpuFacts | None:
         threads = torch.get_num_threads()
     except Exception:
         pass
-    return read_facts("/proc/cpuinfo", "/sys/devices/system/cpu/cpu0", cpus, threads)
+    return read_facts("/proc/cpuinfo", "/sys/devices/system/cpu", allowed, threads)
 
 
-def read_facts(cpuinfo: str, cpu0: str, cpus: int, torch_threads: int | None
+def read_facts(cpuinfo: str, sysfs: str, allowed: Sequence[int], torch_threads: int | None
                ) -> CpuFacts | None:
-    """The facts in the text of ``cpuinfo`` and the clock files under ``cpu0`` (sysfs'
-    directory of the first CPU); None where ``cpuinfo`` cannot be read."""
+    """The facts in the text of ``cpuinfo`` and, under ``sysfs`` (``/sys/devices/system/
+    cpu``), the first allowed CPU's clock files and the allowed CPUs' cores; None where
+    ``cpuinfo`` cannot be read. ``allowed``: the CPUs this process may run on."""
     try:
         with open(cpuinfo) as f:
             text = f.read(1 << 16)
     except OSError:
         return None
-    base, label = _khz_file(f"{cpu0}/cpufreq/base_frequency"), "base clock"
+    first = f"{sysfs}/cpu{allowed[0] if allowed else 0}"
+    base, label = _khz_file(f"{first}/cpufreq/base_frequency"), "base clock"
     if base is None:
-        base, label = _mhz_file(f"{cpu0}/acpi_cppc/nominal_freq"), "nominal clock (ACPI CPPC)"
-    return CpuFacts.parse(text, cpus, torch_threads, base_mhz=base, base_label=label,
-                          max_mhz=_khz_file(f"{cpu0}/cpufreq/cpuinfo_max_freq"))
+        # CPPC's clocks are in MHz
+        base, label = _int_file(f"{first}/acpi_cppc/nominal_freq"), "nominal clock (ACPI CPPC)"
+    return CpuFacts.parse(text, max(1, len(allowed)), torch_threads, base_mhz=base,
+                          base_label=label, max_mhz=_khz_file(f"{first}/cpufreq/cpuinfo_max_freq"),
+                          physical_cores=_distinct_cores(sysfs, allowed))
+
+
+def _distinct_cores(sysfs: str, allowed: Sequence[int]) -> int | None:
+    """How many physical cores the ``allowed`` CPUs are on (a (package, core) pair per
+    core, from each CPU's ``topology``); None where any CPU's cannot be read."""
+    cores = set()
+    for cpu in allowed:
+        topology = f"{sysfs}/cpu{cpu}/topology"
+        package, core = _int_file(f"{topology}/physical_package_id", 0), \
+            _int_file(f"{topology}/core_id", 0)
+        if package is None or core is None:
+            return None
+        cores.add((package, core))
+    return len(cores) or None
 
 
 def host_peak(dtype: str) -> tuple[float | None, str]:
@@ -197,16 +220,16 @@ def _float(value: Any) -> float | None:
 
 def _khz_file(path: str) -> float | None:
     """A cpufreq file (kHz) in MHz."""
-    mhz = _mhz_file(path)
-    return mhz / 1e3 if mhz is not None else None
+    khz = _int_file(path)
+    return khz / 1e3 if khz is not None else None
 
 
-def _mhz_file(path: str) -> float | None:
-    """A file holding one positive integer (ACPI CPPC's are in MHz); None where it cannot
-    be read or says 0 (a firmware that does not know)."""
+def _int_file(path: str, least: int = 1) -> int | None:
+    """A sysfs file holding one integer of at least ``least`` (a clock of 0 is a firmware
+    that does not know); None where it cannot be read or is less."""
     try:
         with open(path) as f:
             value = int(f.read().strip())
     except (OSError, ValueError):
         return None
-    return float(value) if value > 0 else None
+    return value if value >= least else None
