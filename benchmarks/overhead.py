@@ -1,6 +1,7 @@
 """Time the instrumentation adds per call, in every call style; memory after many calls.
 
-    python benchmarks/overhead.py [--calls 1000000] [--sizes 50] [--iters 4000] [--rounds 5]
+    python benchmarks/overhead.py [--calls 1000000] [--sizes 50] [--iters 4608] [--rounds 5]
+                                  [--copy-floor]
 
 1. **What users pay**, through ``torch.compile`` as they call it, in every call style:
    Inductor and eager inside; grad mode off and on (a module whose weights need grad:
@@ -24,11 +25,15 @@
      it in every style, so a mean of the two would flatter fxflops);
    - ``floor``: a backend that does nothing but what fxflops' wrapper shape costs: it
      compiles the inner as fxflops does and returns a function that calls it (Dynamo's
-     disable wrapper, one Python frame);
-   - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first 16 calls
-     (a call counted, one in ``FXFLOPS_SAMPLE_EVERY``, 16, timed: the goal's column);
+     disable wrapper, one Python frame). With ``--copy-floor`` and eager inside, it is
+     fxflops' shape there instead: a copy of the graph's generated ``forward`` compiled
+     from its source, a code object of its own with nothing written into it (fxflops
+     writes its bookkeeping into such a copy), so that ``own`` is the bookkeeping alone;
+   - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first calls,
+     each of which it times (a call counted, one in ``FXFLOPS_SAMPLE_EVERY``, 256, timed:
+     the goal's column);
    - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
-     first 16 calls pay).
+     first calls pay).
 
    Calls go in blocks of ``BLOCK`` calls of one variant, each block timed as a whole: its
    mean per call, which holds the sampled calls' share of the cost as a user pays it; a
@@ -64,16 +69,21 @@ import fxflops
 from fxflops import config
 
 GOAL_NS = 1000
+# fxflops' stride (``FXFLOPS_SAMPLE_EVERY``, as set when this runs), and the calls of a
+# size it times one by one before sampling (``wrap.hot_function``'s rule)
+EVERY = config.SAMPLE_EVERY.get()
+FIRST_TIMED = -(-config.TIMED_FIRST // EVERY) * EVERY
 # calls per size before measuring: past the calls every one of which fxflops times
-WARM_CALLS = config.TIMED_FIRST + 36
+WARM_CALLS = FIRST_TIMED + 36
 VARIANTS = ("bare", "bare again", "bare 2", "floor", "fxflops", "timed")
 # calls of one variant in a row, timed together: a call runs after calls of its own (as a
 # served graph is called), not after another variant's, whose code and data it would find
-# in the caches in its place. A multiple of 16 (``FXFLOPS_SAMPLE_EVERY``'s default) times
-# each style's sizes (1 or 3): every block holds the same number of sampled calls, one
-# per size in 16 of its calls. (The median of calls timed one by one leaves a sampled
-# call's cost out, or counts it by the spread of the others: not what a user pays.)
-BLOCK = 48
+# in the caches in its place. A multiple of the stride times each style's sizes (1 or
+# 3): every block holds the same number of sampled calls, one per size in ``EVERY`` of its
+# calls, and the calls after each that it slows. (The median of calls timed one by one
+# leaves a sampled call's cost out, or counts it by the spread of the others: not what a
+# user pays.)
+BLOCK = 3 * EVERY
 
 
 @contextlib.contextmanager
@@ -118,9 +128,13 @@ class Twin(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2 + 1
 
 
-def floor_backend(inner: str) -> Any:
+def floor_backend(inner: str, copy: bool = False) -> Any:
     """Dynamo's floor for a wrapping backend: the inner compiled as fxflops compiles it,
-    called through one plain function, nothing counted."""
+    called through one plain function, nothing counted. ``copy`` (an eager inner only):
+    instead, what fxflops' shape is there, a copy of the graph's generated ``forward``
+    compiled from its source (a code object of its own), nothing written into it."""
+    import types
+
     from fxflops import torch_compat
     from fxflops.instrument.backend import _eager_forward, resolve_inner
     from fxflops.instrument.wrap import _callable_of
@@ -130,6 +144,11 @@ def floor_backend(inner: str) -> Any:
             compiled = torch_compat.get("compile_fx")(gm, example_inputs)
         else:
             compiled = _eager_forward(resolve_inner(inner)(gm, example_inputs))
+        if copy and inner != "inductor":
+            module, function = compiled.__self__, compiled.__func__
+            namespace = dict(function.__globals__)
+            exec(compile(module.code, f"<floor copy #{id(module)}>", "exec"), namespace)
+            return types.MethodType(namespace["forward"], module)
         run = _callable_of(compiled, dynamo=True)
 
         def call(*args: Any) -> Any:
@@ -141,12 +160,12 @@ def floor_backend(inner: str) -> Any:
 
 
 def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
-                      order: list[int]) -> list[Any]:
+                      order: list[int], copy_floor: bool = False) -> list[Any]:
     """The variants of one style, compiled afresh (in ``order``) and warmed past a size's
     first calls; returned in ``VARIANTS`` order (``bare again`` is ``bare``)."""
     torch._dynamo.reset()
-    backends = [inner, None, inner, floor_backend(inner), fxflops.backend(inner=inner),
-                fxflops.backend(inner=inner)]
+    backends = [inner, None, inner, floor_backend(inner, copy_floor),
+                fxflops.backend(inner=inner), fxflops.backend(inner=inner)]
     fns: list[Any] = [None] * len(backends)
     # one layer for all: each compile's graph reads the same parameters, so no variant's
     # figure depends on where its own weights landed in memory
@@ -167,7 +186,8 @@ def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
     return fns
 
 
-def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> dict[str, float]:
+def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int,
+               copy_floor: bool = False) -> dict[str, float]:
     """The variants of one style, called in turn, ``BLOCK`` calls at a time; the medians
     of the per-round differences against bare (ns) and the bare call's median.
 
@@ -183,7 +203,8 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
     bare_ms: list[float] = []
     n = len(VARIANTS)
     for r in range(rounds):
-        fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)])
+        fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)],
+                                copy_floor)
         means: list[list[float]] = [[] for _ in fns]  # per block: its calls' mean
         calls: list[list[int]] = [[] for _ in fns]  # per call
         # each pass over the variants in an order of its own: which variant's block a
@@ -215,7 +236,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int) -> d
     return out
 
 
-def every_call_style(iters: int, rounds: int) -> None:
+def every_call_style(iters: int, rounds: int, copy_floor: bool = False) -> None:
     print("through torch.compile, per call (us; medians of per-round differences against "
           "bare, of the blocks' means; goal: fxflops <= +1 us)")
     print(f"{'inner':9} {'grad':5} {'sizes':5} {'bare':>8} {'A/A':>7} {'2nd':>7} "
@@ -223,7 +244,7 @@ def every_call_style(iters: int, rounds: int) -> None:
     for inner in ("inductor", "eager"):
         for grad in (False, True):
             for sizes in (1, 3):
-                r = call_style(inner, grad, sizes, iters, rounds)
+                r = call_style(inner, grad, sizes, iters, rounds, copy_floor)
                 ok = "OK" if r["fxflops"] <= GOAL_NS else "MISSED"
                 print(f"{inner:9} {'on' if grad else 'off':5} {sizes:5} {r['bare'] / 1e3:8.2f} "
                       f"{r['bare again'] / 1e3:+7.2f} {r['bare 2'] / 1e3:+7.2f} "
@@ -234,9 +255,11 @@ def every_call_style(iters: int, rounds: int) -> None:
     print("(A/A: the bare callable timed again, this machine's noise; 2nd: a second "
           "bare compile, of a twin of the module, what two compiles of one model differ "
           "by; floor: "
-          "a backend that only calls the inner; own: fxflops against the floor; timed: "
+          "a backend that only calls the inner" + (
+              " (with eager inside: a copy of the graph's forward, fxflops' shape there)"
+              if copy_floor else "") + "; own: fxflops against the floor; timed: "
           "fxflops with every call timed, FXFLOPS_SAMPLE_EVERY=1, as a size's first "
-          f"{config.TIMED_FIRST} calls are; p50: fxflops' median call against bare's, "
+          f"{FIRST_TIMED} calls are; p50: fxflops' median call against bare's, "
           "which leaves the sampled calls out)")
 
 
@@ -269,7 +292,7 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
         kinds[:] = [type(e).__name__ for e in example_inputs]
         return captured["graph"]
 
-    for every in ("16", "1"):  # the default stride; every call
+    for every in (str(EVERY), "1"):  # the stride; every call
         torch._dynamo.reset()  # a graph of its own: the lambda's code is the same
         torch.compile(lambda t: t * 2 + 1, backend=capture)(x)
         graph = captured.pop("graph")
@@ -283,16 +306,16 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
     for hot in hots.values():
         for _ in range(WARM_CALLS):
             hot(*a)
-    per_call_ns(shape, a, 20_000), per_call_ns(hots["16"], a, 20_000)
+    per_call_ns(shape, a, 20_000), per_call_ns(hots[str(EVERY)], a, 20_000)
     d: dict[str, list[float]] = {every: [] for every in hots}
     for _ in range(rounds * 4):
         for every, hot in hots.items():
             tb = per_call_ns(shape, a, 20_000)
             d[every].append(per_call_ns(hot, a, 20_000) - tb)
-    nd, timed = statistics.median(d["16"]), statistics.median(d["1"])
+    nd, timed = statistics.median(d[str(EVERY)]), statistics.median(d["1"])
     print(f"bookkeeping alone (no-op inner): {nd / 1e3:.2f} us per call  goal: <= 1 us  "
           f"{'OK' if nd <= GOAL_NS else 'MISSED'}  (every call timed: {timed / 1e3:.2f} us)")
-    return hots["16"], graph_args
+    return hots[str(EVERY)], graph_args
 
 
 def memory(hot: Any, graph_args: Any, calls: int, sizes: int) -> None:
@@ -314,13 +337,18 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=1_000_000)
     p.add_argument("--sizes", type=int, default=50)
-    p.add_argument("--iters", type=int, default=4000, help="calls per variant per round")
+    p.add_argument("--iters", type=int, default=6 * BLOCK,
+                   help="calls per variant per round (whole blocks of 3 x the stride)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--copy-floor", action="store_true",
+                   help="with eager inside, the floor is a copy of the graph's generated "
+                        "forward (what fxflops writes its bookkeeping into) rather than a "
+                        "function that calls it")
     args = p.parse_args()
     print(f"torch {torch.__version__}, Python {platform.python_version()}, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs")
-    every_call_style(args.iters, args.rounds)
+    every_call_style(args.iters, args.rounds, args.copy_floor)
     hot, graph_args = bookkeeping_alone(args.rounds)
     memory(hot, graph_args, args.calls, args.sizes)
 

@@ -110,13 +110,17 @@ PEAK_GBPS = Variable("FXFLOPS_PEAK_GBPS", _peak, None,
                      "peak GB/s for bandwidth use and the roofline (overrides the table)")
 WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
                   "samples kept per (graph, size) for the median and percentiles")
-# the calls of a (graph, size) timed one by one before SAMPLE_EVERY applies: short runs
-# (the demo, a test, the tuner's sweep) time every call; a server's steady state samples
+# the least calls of a (graph, size) timed one by one before SAMPLE_EVERY applies (rounded
+# up to a multiple of it: with the default, a size's first 256): short runs (the demo, a
+# test, the tuner's sweep) time every call; a server's steady state samples
 TIMED_FIRST = 16
-SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 16,
-                        f"after a (graph, size)'s first {TIMED_FIRST} calls (rounded up to a "
-                        "multiple of this), time one call in this many and count every one "
-                        "(1: time every call; the CPU clock's path; see "
+# one in 256, not fewer: a sampled call takes another path than its neighbours, and the
+# calls after it run slower while the CPU's predictors relearn the model's (about 5 us in
+# all here, spread over the next ten calls; 0.3 us a call at one in 16: docs/benchmarks.md)
+SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 256,
+                        f"time a (graph, size)'s first calls (this many, or {TIMED_FIRST} "
+                        "rounded up to a multiple of this), then one call in this many; count "
+                        "every one (1: time every call; the CPU clock's path; see "
                         "[conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")

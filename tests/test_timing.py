@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops import torch_compat
+from fxflops import config, torch_compat
 from fxflops.instrument import plan, wrap
 from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
@@ -552,6 +552,10 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     torch.manual_seed(0)
+    # the default stride, and the calls a size times one by one before it (by hand: 16
+    # rounded up to a multiple of it)
+    every = config.SAMPLE_EVERY.get()
+    first = -(-16 // every) * every
     floor = torch.compile(bench.Block(), backend=bench.floor_backend(inner), dynamic=True)
     ours = torch.compile(bench.Block(), backend=fxflops.backend(inner=inner), dynamic=True)
     x = torch.randn(8, 16)
@@ -560,14 +564,14 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
     no_cache = torch_compat.get("functorch_config").patch(enable_autograd_cache=False)
     with torch.set_grad_enabled(grad), no_cache:
         for fn in (floor, ours):
-            for _ in range(33):  # calls 0-32: past the first 16; the 33rd is not sampled
+            for _ in range(first + 1):  # past the calls timed first; the next is not sampled
                 fn(x)
         made = {name: calls_made(fn, x) for name, fn in (("floor", floor), ("ours", ours))}
-        for _ in range(14):  # calls 34-47; the 48th is sampled (48 % 16 == 0)
+        for _ in range(every - 2):  # to the next multiple of ``every``: sampled
             ours(x)
         sampled = calls_made(ours, x)
     (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
-    assert next(iter(graph.rows.values())).count == 49
+    assert next(iter(graph.rows.values())).count == first + every + 1
 
     def numbered(counts):  # FX's and fxflops' generated code is numbered
         return collections.Counter({(re.sub(r"(<eval_with_key>)\.\d+$", r"\1",
