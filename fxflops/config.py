@@ -118,9 +118,9 @@ TIMED_FIRST = 16
 # calls after it run slower while the CPU's predictors relearn the model's (about 5 us in
 # all here, spread over the next ten calls; 0.3 us a call at one in 16: docs/benchmarks.md)
 SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 256,
-                        f"time a (graph, size)'s first calls (this many, or {TIMED_FIRST} "
-                        "rounded up to a multiple of this), then one call in this many; count "
-                        "every one (1: time every call; the CPU clock's path; see "
+                        f"time a (graph, size)'s first calls ({TIMED_FIRST} rounded up to a "
+                        "multiple of this: this many from 16 on), then one call in this many; "
+                        "count every one (1: time every call; the CPU clock's path; see "
                         "[conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")

@@ -394,10 +394,11 @@ def test_report_kernels_lists_the_slowest_first_and_the_furthest_from_the_roofli
 
 def test_the_profilers_own_lines_are_dropped_and_the_rest_kept(capfd, monkeypatch):
     """What Kineto prints while the profiler starts or stops goes nowhere: its USDT and STAGE
-    lines, its warnings and errors in its logger's format (a CUDA build on a host without a
-    GPU logs ``gpuGetDeviceCount failed``: written here by hand, as this host's build does
-    not), and glog's format; another thread's lines written meanwhile, a Python logger's
-    ``WARNING:root:`` among them, are kept in order. ``FXFLOPS_LOG=debug`` keeps them all."""
+    lines, its verbose lines, warnings and errors in its logger's format (a CUDA build on a
+    host without a GPU logs ``gpuGetDeviceCount failed``: written here by hand, as this
+    host's build does not); another thread's lines written meanwhile, a Python logger's
+    ``WARNING:root:`` and a glog-format line among them, are kept in order.
+    ``FXFLOPS_LOG=debug`` keeps them all."""
     from fxflops.recording.kernel_profile import profiler_quiet
 
     kineto = [
@@ -406,10 +407,13 @@ def test_the_profilers_own_lines_are_dropped_and_the_rest_kept(capfd, monkeypatc
         "ERROR:2026-12-03 04:36:07 14727:14727 CudaDeviceProperties.cpp:26] gpuGetDeviceCount "
         "failed with code 35",
         "WARNING:2026-12-03 04:36:07 14727:14730 CuptiActivityProfiler.cpp:1102] no CUPTI",
-        "E1203 04:36:07.123456 14727 CudaDeviceProperties.cpp:26] gpuGetDeviceCount failed",
+        "VERBOSE:2026-12-03 04:36:07 14727:14727 CuptiActivityApi.cpp:52] enabled",
     ]
-    host = ["WARNING:root:a host's warning", "host line 2026-12-03 04:36:07 1:1 a.py:1] x"]
-    written = [kineto[0], host[0], *kineto[1:], host[1]]
+    # another thread's: Python logging's default format, a line that only ends like
+    # Kineto's, and glog's format (absl-py's handler writes it too)
+    host = ["WARNING:root:a host's warning", "host line 2026-12-03 04:36:07 1:1 a.py:1] x",
+            "W1203 04:36:07.123456 14727 my_module.py:52] a host's absl warning"]
+    written = [kineto[0], host[0], *kineto[1:3], host[1], *kineto[3:], host[2]]
 
     def write_all():
         with profiler_quiet():
@@ -452,7 +456,8 @@ def test_profiled_calls_leave_the_log_quiet(tmp_path):
     # nor any other Kineto line (a CUDA build without a GPU, as torch 2.14.1's leg runs,
     # logs "ERROR:<date> <pid>:<tid> DeviceProperties.cpp:56] gpuGetDeviceCount failed")
     assert not [line for line in lines
-                if re.match(r"(V|INFO|WARNING|ERROR|STAGE|USDT):\d{4}-\d\d-\d\d ", line)], lines
+                if re.match(r"(V|VERBOSE|INFO|WARNING|ERROR|STAGE|USDT):\d{4}-\d\d-\d\d ", line)],\
+        lines
     assert "host line" in lines
     assert len([line for line in lines if "fxflops" in line]) <= 3, lines
     loud = procs.run([sys.executable, str(script)], timeout=600, cwd=ROOT,

@@ -147,9 +147,14 @@ def test_an_arm_hosts_peak_reads_its_clock_from_sysfs(tmp_path, files, clock_ghz
 
 
 # an SMT-2 host of 4 cores as Linux numbers it: CPUs 0-3 are the cores' first threads,
-# 4-7 their siblings (CPU n and n + 4 share core n)
+# 4-7 their siblings (CPU n and n + 4 share core n); its core ids repeat across its two
+# dies (cores 0-1 on one, 2-3 on the other), as on multi-die parts
 SMT_TOPOLOGY = {f"cpu{n}/topology/{name}": f"{value}\n" for n in range(8)
-                for name, value in (("core_id", n % 4), ("physical_package_id", 0))}
+                for name, value in (("core_cpus_list", f"{n % 4},{n % 4 + 4}"),
+                                    ("core_id", n % 2), ("physical_package_id", 0))}
+# a kernel before 5.7: the same cores named by the older file only
+OLD_KERNEL = {name.replace("core_cpus_list", "thread_siblings_list"): text
+              for name, text in SMT_TOPOLOGY.items()}
 
 
 @pytest.mark.parametrize("allowed,files,cores", [
@@ -157,6 +162,7 @@ SMT_TOPOLOGY = {f"cpu{n}/topology/{name}": f"{value}\n" for n in range(8)
     ([0, 4], SMT_TOPOLOGY, 1),  # both threads of one core: one
     ([0, 1, 4, 5], SMT_TOPOLOGY, 2),
     (list(range(8)), SMT_TOPOLOGY, 4),
+    ([0, 1, 2, 3], OLD_KERNEL, 4),
     # no topology to read: the CPUs over /proc/cpuinfo's threads per core (siblings 8 /
     # cpu cores 4)
     ([0, 1, 2, 3], {}, 2),

@@ -22,9 +22,9 @@
   | any other | computed in fp32 (converted on the way in) | fp32's |
 
 - **Cores used**: the physical cores of the CPUs this process may run on
-  (``sched_getaffinity``; each CPU's core by sysfs' ``topology``, so that CPUs pinned on
-  distinct cores count as such, else the CPUs divided by the threads per core), at most
-  torch's threads.
+  (``sched_getaffinity``; each CPU's core by sysfs' ``topology``, the CPUs that share
+  it, so that CPUs pinned on distinct cores count as such; else the CPUs divided by the
+  threads per core), at most torch's threads.
 - **Clock**: the base clock (``cpufreq/base_frequency``; else ACPI CPPC's nominal
   clock, ``acpi_cppc/nominal_freq``, which Arm and AMD servers give where cpufreq has no
   base; else the ``@ x.xxGHz`` of the model name), else the maximum
@@ -190,16 +190,22 @@ def read_facts(cpuinfo: str, sysfs: str, allowed: Sequence[int], torch_threads: 
 
 
 def _distinct_cores(sysfs: str, allowed: Sequence[int]) -> int | None:
-    """How many physical cores the ``allowed`` CPUs are on (a (package, core) pair per
-    core, from each CPU's ``topology``); None where any CPU's cannot be read."""
+    """How many physical cores the ``allowed`` CPUs are on: each CPU's core named by the
+    CPUs that share it (``topology/core_cpus_list``, ``thread_siblings_list`` on kernels
+    before 5.7; a core id is not unique across a package's dies or clusters); None where
+    any CPU's cannot be read."""
     cores = set()
     for cpu in allowed:
         topology = f"{sysfs}/cpu{cpu}/topology"
-        package, core = _int_file(f"{topology}/physical_package_id", 0), \
-            _int_file(f"{topology}/core_id", 0)
-        if package is None or core is None:
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            try:
+                with open(f"{topology}/{name}") as f:
+                    cores.add(f.read().strip())
+                break
+            except OSError:
+                continue
+        else:
             return None
-        cores.add((package, core))
     return len(cores) or None
 
 
