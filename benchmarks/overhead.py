@@ -70,9 +70,9 @@ from fxflops import config
 
 GOAL_NS = 1000
 # fxflops' stride (``FXFLOPS_SAMPLE_EVERY``, as set when this runs), and the calls of a
-# size it times one by one before sampling (``wrap.hot_function``'s rule)
+# size it times one by one before sampling
 EVERY = config.SAMPLE_EVERY.get()
-FIRST_TIMED = -(-config.TIMED_FIRST // EVERY) * EVERY
+FIRST_TIMED = config.timed_first(EVERY)
 # calls per size before measuring: past the calls every one of which fxflops times
 WARM_CALLS = FIRST_TIMED + 36
 VARIANTS = ("bare", "bare again", "bare 2", "floor", "fxflops", "timed")

@@ -9,7 +9,8 @@ instructions a call executes do not. This runs itself under ``valgrind --tool=ca
 compiles, instrumented), with a dump before each ``os.getloadavg()`` that separates the
 loops, and prints each variant's instructions per call: ``bare`` (the inner backend),
 ``floor`` (a backend that only calls the inner), ``fxflops`` (past a size's first calls,
-each timed: one in ``FXFLOPS_SAMPLE_EVERY`` timed) and ``timed`` (``FXFLOPS_SAMPLE_EVERY=1``: every call timed).
+each timed: one in ``FXFLOPS_SAMPLE_EVERY`` timed) and ``timed``
+(``FXFLOPS_SAMPLE_EVERY=1``: every call timed).
 Grad mode is off unless ``--grad`` (then the weights need grad: AOTAutograd's forward).
 Graphs are compiled with ``dynamic=True`` (the size key an int argument) unless
 ``--static`` (one size, the key ``()``).

@@ -40,13 +40,14 @@ def main() -> None:
     from overhead import Block
 
     import fxflops
+    from fxflops import config
 
     block = Block().requires_grad_(args.grad)
     x = torch.randn(8, 16)
     compiled = torch.compile(block, backend=fxflops.backend(inner=args.inner), dynamic=True)
     with torch.set_grad_enabled(args.grad):
-        # past the calls a size times one by one (16 rounded up to a multiple of every)
-        for _ in range(-(-16 // args.every) * args.every + 2 * args.every):
+        # past the calls a size times one by one
+        for _ in range(config.timed_first(args.every) + 2 * args.every):
             compiled(x)
         (graph,) = [g for g in fxflops.recorder().graphs if g.meta.get("phase") != "backward"]
         (row,) = graph.rows.values()

@@ -114,6 +114,15 @@ WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
 # up to a multiple of it: with the default, a size's first 256): short runs (the demo, a
 # test, the tuner's sweep) time every call; a server's steady state samples
 TIMED_FIRST = 16
+
+
+def timed_first(every: int) -> int:
+    """The calls of a (graph, size) each timed before one in ``every`` is:
+    ``TIMED_FIRST`` rounded up to a multiple of ``every``, so that the calls from there on
+    are sampled at its multiples."""
+    return -(-TIMED_FIRST // every) * every
+
+
 # one in 256, not fewer: a sampled call takes another path than its neighbours, and the
 # calls after it run slower while the CPU's predictors relearn the model's (about 5 us in
 # all here, spread over the next ten calls; 0.3 us a call at one in 16: docs/benchmarks.md)

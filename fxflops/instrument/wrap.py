@@ -373,11 +373,11 @@ def hot_function(graph: InstrumentedGraph
 
     Per call: the size key (an expression over the arguments), one dict lookup, the count
     (as the call returns: one that raises is not counted, as on every path) and the row's
-    next sample's due count (an int comparison). A size's first ``TIMED_FIRST`` calls (rounded
-    up to a multiple of ``every``) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``): two
-    clock reads and ``note``, the sample standing for itself and the calls until the next
-    in the total. The others pay no clock: the clock and the sample are
-    most of the bookkeeping's cost, and a median needs a sample, not every call. Anything
+    next sample's due count (an int comparison). A size's first calls
+    (``config.timed_first``) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``):
+    two clock reads and ``note``, the sample standing for itself and the calls until the
+    next in the total. The others pay no clock: the clock and the sample are most of the
+    bookkeeping's cost, and a median needs a sample, not every call. Anything
     else (a new size, a graph that gave up) goes to ``miss``: the object's ``_on_miss``,
     whose class says what to do.
 
@@ -389,8 +389,7 @@ def hot_function(graph: InstrumentedGraph
     generated ``forward`` with the bookkeeping in it (``inline_forward``). Returns the
     function and its rows' rebinder (``graph.use_rows``)."""
     every = config.SAMPLE_EVERY.get()
-    # a multiple of ``every``: the calls from ``first`` on are sampled at its multiples
-    first = -(-config.TIMED_FIRST // every) * every
+    first = config.timed_first(every)
 
     def note(row: SizeStats, n: int, ns: int) -> None:
         """A timed call, the ``n``-th of its size, took ``ns`` (``SizeStats.add``, with the
