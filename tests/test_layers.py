@@ -61,7 +61,7 @@ def block_layers():
              "down": layers.LayerSpec("linear", layers.type_name(torch.nn.Linear),
                                       in_features=64, out_features=32)}
 
-    def source():
+    def source(gm, example_inputs):
         return [specs]
 
     layers.register_layer_source(source)

@@ -197,6 +197,7 @@ def padded_server(tmp_path_factory):
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_metrics_of_a_real_server_equal_its_report(padded_server):
     server, metrics, reports, _ = padded_server
     assert len(reports) == 1
@@ -206,6 +207,7 @@ def test_metrics_of_a_real_server_equal_its_report(padded_server):
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_scheduled_tokens_equal_vllm_own_counters(padded_server):
     """An independent reference: vLLM's own metrics. Its histogram of tokens per engine step
     sums every step's computed prompt tokens and generated tokens; a request's last token is
@@ -224,6 +226,7 @@ def test_scheduled_tokens_equal_vllm_own_counters(padded_server):
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_padding_waste_equals_the_hand_computed_one(padded_server):
     server, metrics, [report], tokens = padded_server
     forwards = {r["size"]: r for r in report["forward"]}
@@ -250,6 +253,7 @@ def test_padding_waste_equals_the_hand_computed_one(padded_server):
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_profile_run_is_in_no_table_counter_or_tune_input(padded_server):
     """vLLM's memory-profiling forward (max_num_batched_tokens: 2048 here) is warm-up: in
     the JSON with its marker, and nowhere traffic is counted."""
@@ -289,6 +293,7 @@ def tuned_two_api_servers(padded_server, tmp_path_factory):
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm_cpu
 def test_tune_snippet_starts_vllm_and_two_api_servers_show_the_metrics(tuned_two_api_servers):
     cc, metrics, again, reports, second = tuned_two_api_servers
     # what tune recommended, in the compilation config vLLM's engine started with

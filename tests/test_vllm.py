@@ -18,7 +18,7 @@ from fxflops.report.merge import merge_rows
 from tests import procs
 
 vllm = pytest.importorskip("vllm")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
 ROOT = Path(__file__).resolve().parents[1]
 # examples/vllm_tiny.py: two prompts of 12 and 17 tokens, 8 new tokens each
 PROMPTS = (12, 17)

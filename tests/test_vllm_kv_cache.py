@@ -58,9 +58,16 @@ def attention_runner(cache_dtype: str, layers: int = 2):
 
 @pytest.mark.parametrize("cache_dtype", list(VALUE_BYTES))
 def test_layer_costs_read_the_cache_in_its_dtype(cache_dtype):
+    from pydantic import ValidationError
+
     from fxflops.cost.formulas.vllm import attention_costs
 
-    runner = attention_runner(cache_dtype, layers=1)
+    try:
+        runner = attention_runner(cache_dtype, layers=1)
+    except ValidationError as e:  # vLLM 0.33: a 16-bit cache must be the model's dtype
+        if "incompatible with dtype" not in str(e):
+            raise
+        pytest.skip(f"this vLLM refuses a {cache_dtype} cache beside a bfloat16 model")
     (layer,) = runner.vllm_config.compilation_config.static_forward_context.values()
     assert layer.kv_cache_dtype == cache_dtype  # vLLM built the cache we asked for
     per_pair, per_token = attention_costs(layer, 2, runner.vllm_config)

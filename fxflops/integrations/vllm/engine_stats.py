@@ -13,16 +13,20 @@
   lengths, which differs only for a new request with a prefix-cache hit that leaves one
   token to compute.
 - **speculative decoding's score**: per request and step, the draft tokens the target
-  verified (``scheduled_spec_decode_tokens``) and those it accepted (the valid sampled
-  tokens less the bonus one), read where the runner turns the rejection sampler's output
-  into lists (``_bookkeeping_sync``; a host list in the synchronous path, never a device
-  read here).
+  verified (``scheduled_spec_decode_tokens``, less those vLLM marked invalid) and those it
+  accepted (the sampled tokens less the bonus one). V1: read where the runner turns the
+  rejection sampler's output into lists (``_bookkeeping_sync``; a host list in the
+  synchronous path, never a device read here). V2: the step's drafts noted as
+  ``execute_model`` starts, and the sampled counts read where vLLM hands them to the
+  engine (``AsyncOutput.get_output``, after vLLM's own wait for its copy to the host),
+  asynchronous scheduling included.
 
 Both run once per step, never per graph call.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, passthrough
@@ -96,11 +100,69 @@ def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
             spec.add(proposed, len(valid[i]) - 1)  # the rest: the target's own token
 
 
+# --- V2 ------------------------------------------------------------------------------
+
+_v2 = threading.local()
+
+
+def _proposed(scheduler_output: Any) -> dict[str, int] | None:
+    """Draft tokens to verify per request this step (those vLLM marked invalid left out)."""
+    drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
+    if not drafts:
+        return None
+    invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
+    return {req: len(tokens or ()) - int(invalid.get(req, 0)) for req, tokens in drafts.items()}
+
+
+def _v2_note_drafts(named: dict[str, Any]) -> None:
+    """(V2 ``execute_model`` starts.) The step's drafts, for its ``sample_tokens``."""
+    named["self"]._fxflops_drafts = _proposed(named.get("scheduler_output"))
+
+
+def _v2_sampling(named: dict[str, Any]) -> None:
+    """(V2 ``sample_tokens`` starts: the step ``execute_model`` prepared.)"""
+    _v2.drafts = vars(named["self"]).pop("_fxflops_drafts", None)
+
+
+def _v2_output_made(named: dict[str, Any], _result: Any) -> None:
+    """(The step's ``AsyncOutput`` is made.) Its requests' drafts, in its rows' order."""
+    drafts, _v2.drafts = getattr(_v2, "drafts", None), None
+    if drafts:
+        req_ids = named["model_runner_output"].req_ids
+        named["self"]._fxflops_drafts = [drafts.get(req, 0) for req in req_ids]
+
+
+def _v2_output_read(named: dict[str, Any], _result: Any) -> None:
+    """(vLLM waited for the step's sampled counts.) Each request's tokens sampled this
+    step are the drafts it accepted and one of the target's own."""
+    proposed = vars(named["self"]).pop("_fxflops_drafts", None)
+    if not proposed:
+        return
+    spec = recorder().engine.spec_decode
+    for drafts, sampled in zip(proposed, named["self"].num_sampled_tokens_np.tolist()):
+        if drafts > 0 and sampled > 0:  # (0 sampled: a chunked prefill's partial step)
+            spec.add(drafts, int(sampled) - 1)
+
+
 def install_engine_stats() -> None:
-    """Hook where the runner scores its drafts (vLLM's estimate is read by
+    """Hook where each runner scores its drafts (vLLM's estimate is read by
     ``forward.begin_step``)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     _patch(GPUModelRunner, "_bookkeeping_sync", "spec-decode",
            lambda original: passthrough(original, after=_after_bookkeeping,
                                         what="speculative decoding's acceptance"))
+    try:
+        from vllm.v1.worker.gpu import async_utils
+        from vllm.v1.worker.gpu import model_runner as v2
+    except Exception:  # a vLLM without the V2 runner (or one that moved it)
+        return
+    what = "speculative decoding's acceptance (V2)"
+    _patch(v2.GPUModelRunner, "execute_model", "spec-decode",
+           lambda original: passthrough(original, before=_v2_note_drafts, what=what))
+    _patch(v2.GPUModelRunner, "sample_tokens", "spec-decode",
+           lambda original: passthrough(original, before=_v2_sampling, what=what))
+    _patch(async_utils.AsyncOutput, "__init__", "spec-decode",
+           lambda original: passthrough(original, after=_v2_output_made, what=what))
+    _patch(async_utils.AsyncOutput, "get_output", "spec-decode",
+           lambda original: passthrough(original, after=_v2_output_read, what=what))

@@ -179,34 +179,46 @@ def _note_rank(vllm_config: Any = None) -> None:
 
 # vLLM's methods that run the model for itself, not for requests, and the phase their
 # calls are recorded in (the innermost counts: the CPU worker's memory profiling runs its
-# warm-up, which runs ``profile_run``)
+# warm-up, which runs ``profile_run``; V2's memory profiling captures CUDA graphs into a
+# throw-away pool, ``capture_model(profile_only=True)``: profiling, not capture)
 WARMUP_METHODS = {
     "determine_available_memory": "profile",  # the memory-profiling dummy forward
     "profile_run": "profile",
-    "compile_or_warm_up_model": "warmup",  # compile sizes, kernel warm-up
+    "profile_cudagraph_memory": "profile",  # graphs captured to measure their memory
+    "compile_or_warm_up_model": "warmup",  # compile sizes, kernel warm-up, JIT warm-up steps
     "warming_up_model": "warmup",  # the CPU runner's
     "capture_model": "capture",  # CUDA graphs
 }
-# where the model runners are, for those already imported (a worker imports its own)
-_RUNNER_CLASSES = (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+# where the workers and model runners are (each imported if vLLM has not yet: a worker
+# loads the plugins before it imports its own classes)
+_WORKER_CLASSES = (("vllm.v1.worker.worker_base", "WorkerBase"),
+                   ("vllm.v1.worker.gpu_worker", "Worker"),
+                   ("vllm.v1.worker.cpu_worker", "CPUWorker"),
+                   ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"))
 
 
-def install_warmup_phases() -> None:
+def install_warmup_phases(import_workers: bool = False) -> None:
     """Run vLLM's warm-up methods in their warm-up phase, on every worker and model runner
-    class this process has (called once the model is built, when the worker's classes
-    are imported; idempotent, and a class loaded later is patched at the next call)."""
+    class this process has, whatever the compilation mode (idempotent; a class loaded
+    later is patched at the next call: the layer census calls it again once a model is
+    built). ``import_workers``: import the worker and runner modules vLLM has not imported
+    yet (one that does not import here, a CPU worker on a GPU build, is left out)."""
+    import importlib
     import sys
 
     from fxflops.recording.phases import warmup
 
     roots: list[type] = []
-    base = sys.modules.get("vllm.v1.worker.worker_base")
-    if base is not None:
-        roots.append(base.WorkerBase)
-    for module_name, class_name in _RUNNER_CLASSES:
-        cls = getattr(sys.modules.get(module_name), class_name, None)
+    for module_name, class_name in _WORKER_CLASSES:
+        module = sys.modules.get(module_name)
+        if module is None and import_workers:
+            try:
+                module = importlib.import_module(module_name)
+            except Exception:
+                continue
+        cls = getattr(module, class_name, None)
         if isinstance(cls, type):
             roots.append(cls)
 
@@ -214,7 +226,7 @@ def install_warmup_phases() -> None:
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                with warmup(phase):
+                with warmup("profile" if kwargs.get("profile_only") else phase):
                     return original(*args, **kwargs)
 
             return wrapper
@@ -250,12 +262,17 @@ def note_vllm_config(vllm_config: Any) -> None:
         os.environ[config.DUMP_DIR.name] = os.path.join(str(path), "fxflops")
 
 
-# vLLM's model tags (``vllm.compilation.backends.set_model_tag``) of a speculative decoder's
-# drafter, set while it is built and its backend made (vLLM 0.32's; a tag a later vLLM adds
-# is counted as the target's until it is listed here: tests/test_vllm_drafter.py reads
-# vLLM's sources for them)
+# vLLM's model tags (``vllm.compilation.backends.set_model_tag``): a speculative decoder's
+# drafter is built, and its backend made, under one of ``DRAFT_TAGS`` (a drafter's own
+# compiled heads under theirs, inside its tag: DFlash2's candidate selector, LiLiCorr's
+# head); ``OTHER_TAGS`` are the target's own parts and encoders. A tag in neither is
+# counted as the target's: tests/test_vllm_drafter.py reads every tag in the installed
+# vLLM's sources, and fails on one that is in neither set.
 DRAFT_TAGS = frozenset({"eagle_head", "draft_model", "medusa_head", "dflash_head",
-                        "dspark_head", "extract_hidden_states"})
+                        "dspark_head", "extract_hidden_states", "dflash2_candidate_selector",
+                        "lilicorr_head"})
+OTHER_TAGS = frozenset({"backbone", "self_decoder", "cross_decoder", "NaViTEncoder",
+                        "AutoEncoder"})
 
 
 def drafting(vllm_config: Any) -> bool:
@@ -297,17 +314,34 @@ def install_mode2_backend() -> None:
 def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
     ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
-    instruments each graph once."""
+    instruments each graph once. A warm start from vLLM's AOT artifact (vLLM 0.33 with
+    torch >= 2.10: ``VLLM_USE_MEGA_AOT_ARTIFACT``, on by default) calls neither: its pieces
+    are instrumented as the artifact is turned back into the model's forward
+    (``_instrumenting_loaded_pieces``)."""
+    import sys
+
     from vllm.compilation import backends
 
     from fxflops.instrument.wrap import kernels_setting
 
     def wrap(original: Any) -> Any:
-        return passthrough(original, after=_instrument_piece, what="piecewise graph")
+        return passthrough(original, after=_instrument_compiled_piece, what="piecewise graph")
 
     _patch(backends.CompilerManager, "compile", "piecewise", wrap)
     if kernels_setting() is not None:  # outside it: the compile's kernel map captured
         _patch(backends.CompilerManager, "compile", "piecewise-kernels", _capturing_kernels)
+    try:
+        import vllm.compilation.caching  # noqa: F401 (vLLM's AOT artifact of its pieces)
+    except Exception:  # a vLLM without one
+        pass
+    caching = sys.modules.get("vllm.compilation.caching")
+    if callable(getattr(caching, _RECONSTRUCT, None)):
+        _patch(caching, _RECONSTRUCT, "piecewise-warm", _instrumenting_loaded_pieces)
+
+
+# vLLM's function that turns an AOT artifact back into the model's forward (0.33), looked up
+# in its module at each call
+_RECONSTRUCT = "reconstruct_serializable_fn_from_mega_artifact"
 
 
 # (the graph as analysed before Inductor compiled it, the capture of its kernel map) of the
@@ -338,30 +372,116 @@ def _capturing_kernels(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _instrument_piece(named: dict[str, Any], compiled: Any) -> Any:
-    """Analyse one piecewise graph and wrap its compiled callable, like any other graph."""
+def _instrument_compiled_piece(named: dict[str, Any], compiled: Any) -> Any:
+    """(After ``CompilerManager.compile``.) The piece it compiled or loaded, instrumented."""
+    compile_range = named["compile_range"]
+    pending = _PENDING_KERNELS.get()
+    kernel_maps = (pending[0], pending[1].maps()) if pending and pending[0] else None
+    return instrument_piece(compiled, named["graph"], named["example_inputs"],
+                            (int(compile_range.start), int(compile_range.end)),
+                            named.get("graph_index", 0), named.get("num_graphs", 1),
+                            getattr(named.get("self"), "prefix", ""), kernel_maps)
+
+
+def instrument_piece(compiled: Any, graph: Any, example_inputs: Any,
+                     compile_range: tuple[int, int], graph_index: int, num_graphs: int,
+                     prefix: str = "", kernel_maps: Any = None) -> Any:
+    """Analyse one piecewise graph and wrap its compiled callable, like any other graph,
+    named by its place among the pieces and its compile range. ``prefix``: the model tag
+    the piece was compiled under (a speculative decoder's drafter compiles its own).
+
+    Where vLLM keeps what it compiled in its AOT artifact (an object with
+    ``serialize()``: Inductor's ``AOTCompiledArtifact``), the instrumented piece hands vLLM
+    the same bytes: vLLM's artifact is as vLLM writes it, with or without fxflops, and a
+    warm start instruments what it loads (``_instrumenting_loaded_pieces``)."""
     from fxflops.instrument.wrap import kernels_setting, wrap_graph
 
     _note_rank()
-    graph, compile_range = named["graph"], named["compile_range"]
-    graph_index, num_graphs = named.get("graph_index", 0), named.get("num_graphs", 1)
-    start, end = int(compile_range.start), int(compile_range.end)
+    start, end = compile_range
     single = start == end
     name = f"piece{graph_index}of{num_graphs}:" + (f"size{start}" if single
                                                   else f"range[{start},{end}]")
     meta: dict[str, Any] = {"inner": "vllm-piecewise", "piece": graph_index,
                             "pieces": num_graphs, "compile_range": [start, end]}
-    # the compiler manager's prefix is the model tag its backend was made under: a
-    # speculative decoder's drafter compiles its own pieces
-    if getattr(named.get("self"), "prefix", "") in DRAFT_TAGS:
+    if prefix in DRAFT_TAGS:
         meta["workload"] = "draft"
         name = "draft:" + name
     if single:
         meta["compile_size"] = start
-    pending = _PENDING_KERNELS.get()
-    kernel_maps = (pending[0], pending[1].maps()) if pending and pending[0] else None
-    return wrap_graph(lambda: compiled, name, meta, gm=graph,
-                      example_inputs=named["example_inputs"],
-                      static_size=start if single else None,
-                      kernels=kernels_setting() if kernel_maps else None,
-                      kernel_maps=kernel_maps)
+    instrumented = wrap_graph(lambda: compiled, name, meta, gm=graph,
+                              example_inputs=example_inputs,
+                              static_size=start if single else None,
+                              kernels=kernels_setting() if kernel_maps else None,
+                              kernel_maps=kernel_maps)
+    serialize = getattr(compiled, "serialize", None)
+    if callable(serialize) and instrumented is not compiled:
+        instrumented.serialize = serialize
+    return instrumented
+
+
+def _instrumenting_loaded_pieces(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's warm start from its AOT artifact: each piece it loads is instrumented as a
+    compiled one is, analysed from the artifact's own split graph (the pieces' FX graphs,
+    pickled beside their compiled code; the piece's index, its compile range and the
+    model tag as vLLM keeps them). Nothing changes in what vLLM loads or calls; a failure
+    here leaves the pieces as loaded, warned once."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        artifacts = None
+        try:
+            named = arguments(original, args, kwargs)
+            artifacts = named["standalone_compile_artifacts"]
+            artifacts.get_loaded = _loaded_piece_instrumenter(
+                artifacts, named["state"], artifacts.get_loaded)
+        except Exception as e:
+            warn_once("vllm-hook:warm pieces", "fxflops: pieces loaded from vLLM's AOT "
+                      "artifact not instrumented (%s: %s)", type(e).__name__, e)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if artifacts is not None:
+                vars(artifacts).pop("get_loaded", None)
+
+    return wrapper
+
+
+def _loaded_piece_instrumenter(artifacts: Any, state: dict[str, Any],
+                               get_loaded: Callable[[str, str], Any]
+                               ) -> Callable[[str, str], Any]:
+    """``get_loaded(submod_name, shape)`` returning the loaded piece instrumented."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from vllm.compilation.caching import VllmSerializableFunction
+
+    # the split graph, unpickled apart from vLLM's (its own fake mode: nothing of vLLM's
+    # shape environment is touched)
+    split = VllmSerializableFunction.deserialize_graph_module(
+        state["graph_module"], FakeTensorMode(shape_env=ShapeEnv()))
+    names = artifacts.submodule_names()
+    prefix = str(state.get("prefix", ""))
+
+    def instrumented(submod_name: str, shape: str) -> Any:
+        compiled = get_loaded(submod_name, shape)
+        try:
+            graph = getattr(split, submod_name)
+            start, end = (int(part) for part in shape.strip("()").split(","))
+            return instrument_piece(compiled, graph, _piece_inputs(graph, start, end),
+                                    (start, end), names.index(submod_name), len(names),
+                                    prefix)
+        except Exception as e:
+            warn_once("vllm-hook:warm pieces", "fxflops: pieces loaded from vLLM's AOT "
+                      "artifact not instrumented (%s: %s)", type(e).__name__, e)
+            return compiled
+
+    return instrumented
+
+
+def _piece_inputs(graph: Any, start: int, end: int) -> Any:
+    """The example inputs vLLM compiles a piece with (``PiecewiseBackend``): concrete at a
+    single size, the graph's own fake inputs for a range."""
+    from vllm.compilation import piecewise_backend
+
+    if start == end:
+        return piecewise_backend.create_concrete_args(graph, start)
+    return piecewise_backend.get_fake_args_from_graph(graph)

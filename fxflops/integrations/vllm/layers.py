@@ -20,6 +20,7 @@ model (the sizes do not change after construction).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -79,18 +80,45 @@ def find_layer(name: str) -> torch.nn.Module | None:
     return None
 
 
-def census_of_models() -> list[dict[str, LayerSpec]]:
-    """One census per live model noted (``fxflops.layers``' source)."""
-    out = []
-    for ref in list(_MODELS):
-        model = ref()
-        if model is None:
+def census_of_models(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None
+                     ) -> list[dict[str, LayerSpec]]:
+    """The census of the model ``gm`` is a graph of (``fxflops.cost.layer_check``'s
+    source): the noted model whose weights the graph holds (its constants, as vLLM's
+    graphs hold them, or the parameters among its example inputs). A speculative
+    decoder's drafter has the target's module paths, often narrower layers: a graph is
+    checked against its own model's layers, never another's. Where the weights tell no
+    model (a graph without them), the one model noted, else none."""
+    live = [model for model in (ref() for ref in list(_MODELS)) if model is not None]
+    if len(live) > 1:
+        # the model most of the graph's weights are of (an EAGLE drafter's graph holds the
+        # target's embedding too, which the two share); a tie tells none
+        held = _tensors_held(gm, example_inputs)
+        score = {id(m): sum(id(t) in held for t in (*m.parameters(), *m.buffers()))
+                 for m in live}
+        best = max(score.values())
+        live = [m for m in live if best and score[id(m)] == best]
+    if len(live) != 1:
+        return []
+    (model,) = live
+    census = _CENSUS.get(model)
+    if census is None:
+        census = _CENSUS[model] = census_of(model)
+    return [census]
+
+
+def _tensors_held(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
+                  ) -> set[int]:
+    """The ids of the tensors ``gm`` holds as constants (``get_attr``) or is given."""
+    held = {id(x) for x in example_inputs or () if isinstance(x, torch.Tensor)}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
             continue
-        census = _CENSUS.get(model)
-        if census is None:
-            census = _CENSUS[model] = census_of(model)
-        out.append(census)
-    return out
+        value: Any = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, torch.Tensor):
+            held.add(id(value))
+    return held
 
 
 def census_of(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, LayerSpec]:

