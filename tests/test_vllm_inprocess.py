@@ -197,3 +197,66 @@ def test_installed_but_off_fxflops_leaves_vllms_hash_and_workers_environment():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["watching"] and not got["on"]  # fxflops' plugin was loaded, and stayed off
     assert got["after"] == got["before"]
+
+
+# --- the documented command lines (docs/vllm.md), parsed as vLLM's CLI parses them --------
+
+CLI = """
+import json, os, sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # as vLLM's CLI does, before it parses its arguments
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+import fxflops.integrations.vllm.plugin as plugin
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+try:
+    args = parser.parse_args(sys.argv[1:])
+except SystemExit as e:
+    print(json.dumps({"refused": True})); raise SystemExit(0)
+config = EngineArgs.from_cli_args(args).create_engine_config()
+cc = config.compilation_config
+print(json.dumps({"refused": False, "mode": int(cc.mode), "backend": cc.backend,
+                  "on": os.environ.get("FXFLOPS") == "1", "hooks": "hooks" in plugin._installed}))
+"""
+
+
+def resolve(model: str, *cli: str) -> dict:
+    """What vLLM's CLI makes of ``vllm serve MODEL *cli`` (its engine config), in a process of
+    its own where nothing switched fxflops on before."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
+    proc = procs.run([sys.executable, "-c", CLI, "--model", model, "--load-format", "dummy",
+                      "--skip-tokenizer-init", "--max-model-len", "512", *cli], timeout=300,
+                     cwd=Path(__file__).resolve().parents[1], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_documented_command_lines_switch_fxflops_on():
+    """docs/vllm.md's command lines, through vLLM's own argument parser and engine config:
+    the backend name switches fxflops on in every mode; in mode 3, and where vLLM picks the
+    mode (from -O), it becomes vLLM's Inductor (vLLM's CPU platform turns mode 3 into mode
+    2 with Inductor); in mode 2 it stays; -O0 compiles nothing, fxflops on all the same.
+    The old spelling (-O as the config, a ``level`` key) is refused by vLLM."""
+    import tempfile
+
+    from vllm.platforms import current_platform
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import vllm_tiny
+
+    model = vllm_tiny.tiny_llama(os.path.join(tempfile.gettempdir(), "fxflops-tiny-llama"))
+    piecewise = 2 if current_platform.is_cpu() else 3  # (vLLM on CPU: mode 2, Inductor)
+    cases = {
+        ("-cc", '{"mode": 3, "backend": "fxflops"}'): (piecewise, "inductor"),
+        ("-cc", '{"backend": "fxflops"}'): (piecewise, "inductor"),
+        ("-cc.backend=fxflops",): (piecewise, "inductor"),
+        ("-cc", '{"mode": 2, "backend": "fxflops"}'): (2, "fxflops"),
+        ("-cc", '{"backend": "fxflops"}', "-O0"): (0, "inductor"),
+    }
+    for cli, (mode, backend) in cases.items():
+        got = resolve(model, *cli)
+        assert got == {"refused": False, "mode": mode, "backend": backend, "on": True,
+                       "hooks": True}, (cli, got)
+    assert resolve(model, "-cc", '{"mode": 3}') == {
+        "refused": False, "mode": piecewise, "backend": "inductor", "on": False, "hooks": False}
+    assert resolve(model, "-O", "{'level': 3, 'backend': 'fxflops'}")["refused"]
