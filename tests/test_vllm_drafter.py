@@ -377,12 +377,62 @@ def test_v2_acceptance_is_read_where_vllm_hands_its_output_over(monkeypatch):
         scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6]},
                                     num_invalid_spec_tokens={"b": 1})
         runner.execute_model(scheduled)
-        output = runner.sample_tokens(None)
-        got = output.get_output()
-        assert got.sampled_token_ids == [[5, 6, 7], [8], []]  # vLLM's own result, untouched
+        first = runner.sample_tokens(None)
+        # asynchronous scheduling: the next step runs before the first's output is read
         runner.execute_model(SimpleNamespace(scheduled_spec_decode_tokens={}))
-        runner.sample_tokens(None).get_output()  # a step without drafts: nothing
+        second = runner.sample_tokens(None)  # a step without drafts: nothing
+        got = first.get_output()
+        assert got.sampled_token_ids == [[5, 6, 7], [8], []]  # vLLM's own result, untouched
+        second.get_output()
     finally:
         hooks.uninstall()
     spec = fxflops.recorder().engine.spec_decode
     assert (spec.drafts, spec.proposed, spec.accepted) == (2, 3 + 2, 2 + 0)
+
+
+def test_the_layer_census_is_the_graphs_own_models():
+    """Two models noted, a target and a drafter of the same module paths: a graph that
+    holds a model's weights (mode 2: Dynamo lifts them to inputs) is checked against that
+    model's layers; a piece analysed from fake inputs (mode 3) against the model built
+    under the tag its compiler was made under (``hooks.COMPILING_TAG``, set by
+    ``instrument_piece``); a graph that tells neither, against none."""
+    from fxflops.cost.layer_check import LayerSpec
+    from fxflops.integrations.vllm import hooks, layers
+
+    target, drafter = torch.nn.Linear(8, 16), torch.nn.Linear(8, 4)
+    wide = {"": LayerSpec("linear", "torch.nn.modules.linear.Linear", 8, 16)}
+    narrow = {"": LayerSpec("linear", "torch.nn.modules.linear.Linear", 8, 4)}
+    layers._CENSUS[target], layers._CENSUS[drafter] = wide, narrow
+    try:
+        layers.note_model(target, "backbone")
+        layers.note_model(drafter, "eagle_head")
+        gm = torch.fx.symbolic_trace(torch.nn.Linear(8, 4))
+        x = torch.randn(3, 8)
+        assert layers.census_of_models(gm, [x, *drafter.parameters()]) == [narrow]
+        assert layers.census_of_models(gm, [x, *target.parameters()]) == [wide]
+        fake = [torch.empty(3, 8, device="meta")]
+        assert layers.census_of_models(gm, fake) == []  # nothing tells
+        for tag, census in (("eagle_head", narrow), ("backbone", wide)):
+            token = hooks.COMPILING_TAG.set(tag)
+            try:
+                assert layers.census_of_models(gm, fake) == [census]
+            finally:
+                hooks.COMPILING_TAG.reset(token)
+        seen = []
+        real = layers.census_of_models
+
+        def spy(graph, inputs=None):
+            seen.append(hooks.COMPILING_TAG.get())
+            return real(graph, inputs)
+
+        from fxflops.cost import layer_check
+
+        layer_check.unregister_layer_source(layers.census_of_models)
+        layer_check.register_layer_source(spy)
+        try:
+            hooks.instrument_piece(gm.forward, gm, fake, (1, 16), 0, 1, prefix="eagle_head")
+        finally:
+            layer_check.unregister_layer_source(spy)
+        assert seen == ["eagle_head"] and hooks.COMPILING_TAG.get() is None
+    finally:
+        layers.forget_models()

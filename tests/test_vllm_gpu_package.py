@@ -4,7 +4,7 @@ vLLM's compilation and runner code run on CPU tensors behind the tests' CUDA pla
 (``tests/cuda_platform_plugin``: vLLM's own CUDA platform, its device queries answered as an
 H200's, a stand-in ``libcuda.so.1`` that reports no device): ``VllmConfig`` resolves to mode
 3 (piecewise), CUDA graphs ``FULL_AND_PIECEWISE``, the V2 model runner, and with torch >=
-2.10 vLLM's AOT compile cache. CI's vLLM 0.33 leg (``scripts/vllm_leg.sh``) runs this module
+2.12 vLLM's AOT compile cache. CI's vLLM 0.33 leg (``scripts/vllm_leg.sh``) runs this module
 with that platform on; elsewhere it skips, saying why.
 
 What runs here: a tiny ``@support_torch_compile`` decoder compiled by vLLM's real mode 3
@@ -113,6 +113,7 @@ def test_installed_but_off_fxflops_changes_nothing_vllm_compiles(launches):
                              "num_compiled_artifacts_loaded":
                                  counters(bare)["num_compiled_artifacts_saved"]}
     assert off["outputs"] == bare["outputs"]
+    assert off["fxflops_loaded"] and not bare["fxflops_loaded"]
     assert bare_report is None and off_report is None
 
 

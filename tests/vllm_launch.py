@@ -5,7 +5,7 @@ per compile range), CUDA graphs off, on CPU tensors.
 
 On vLLM's GPU package (0.33) this runs behind the tests' CUDA platform
 (``tests/cuda_platform_plugin``, ``TEST_VLLM_CUDA_PLATFORM=1``), with the defaults a GPU
-user gets: mode 3, and with torch >= 2.10 vLLM's AOT compile cache (``VLLM_USE_AOT_COMPILE``,
+user gets: mode 3, and with torch >= 2.12 vLLM's AOT compile cache (``VLLM_USE_AOT_COMPILE``,
 ``VLLM_USE_MEGA_AOT_ARTIFACT``) under ``VLLM_CACHE_ROOT``: a second launch with the same
 cache folder loads what the first saved, and compiles nothing.
 
@@ -110,6 +110,7 @@ def launch(how: str = "off", mode: int = 3) -> dict:
     from vllm.compilation.counter import compilation_counter
 
     return {"outputs": outputs, "mode": int(vllm_config.compilation_config.mode),
+            "fxflops_loaded": "fxflops.integrations.vllm.plugin" in sys.modules,
             "counters": {k: v for k, v in vars(compilation_counter).items()
                          if isinstance(v, int)},
             "backend": vllm_config.compilation_config.backend}

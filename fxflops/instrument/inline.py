@@ -46,25 +46,26 @@ _COPIES = itertools.count()
 
 # The function's body, its lines (``_fxflops_lines``: the graph's, or none) written twice:
 # once for the calls the clock skips, the path nearly every call takes (the lookup, one
-# int comparison, the count as it returns: a call that raises is not counted, as on every
-# path), and once timed, the sample handed to ``note`` (which counts the call and says
-# when the next sample is due). Two copies of the lines, so that the untimed path tests
-# nothing after them.
+# int comparison, the count as it returns, under the row's lock: calls from several
+# threads at one size all count; a call that raises is not counted, as on every path), and
+# once timed, the sample handed to ``note`` (which counts the call and says when the next
+# sample is due). Two copies of the lines, so that the untimed path tests nothing after
+# them.
 _BODY = """\
 try:
     _fxflops_row = _fxflops_rows[{key}]
 except Exception as _fxflops_error:
     return _fxflops_miss(_fxflops_error, ({args}))
-_fxflops_n = _fxflops_row.count
-if _fxflops_n < _fxflops_row.due:
+if _fxflops_row.count < _fxflops_row.due:
     _fxflops_lines
     _fxflops_out = {value}
-    _fxflops_row.count = _fxflops_n + 1
+    with _fxflops_row.lock:
+        _fxflops_row.count += 1
     return _fxflops_out
 _fxflops_t0 = _fxflops_now()
 _fxflops_lines
 _fxflops_out = {value}
-_fxflops_note(_fxflops_row, _fxflops_n, _fxflops_now() - _fxflops_t0)
+_fxflops_note(_fxflops_row, _fxflops_now() - _fxflops_t0)
 return _fxflops_out
 """
 _LINES = f"{_PREFIX}lines"
@@ -88,12 +89,12 @@ def _written(statements: list[ast.stmt], copies: Iterator[list[ast.stmt]]) -> li
 class Bookkeeping(NamedTuple):
     """What the written code calls: ``rows``, the rows its key looks up (rebound through
     the function's globals, ``bookkept``'s rebinder); ``now``, the clock a sampled call is
-    timed on; ``note(row, n, ns)``, noting a sample (the ``n``-th call of its size: it
-    counts the call); ``miss(error, args)``, a call whose key is not in ``rows`` or could
+    timed on; ``note(row, ns)``, noting a sample (it counts the call);
+    ``miss(error, args)``, a call whose key is not in ``rows`` or could
     not be read."""
     rows: dict[Any, Any]
     now: Callable[[], int]
-    note: Callable[[Any, int, int], None]
+    note: Callable[[Any, int], None]
     miss: Callable[[BaseException, Any], Any]
 
 

@@ -327,7 +327,7 @@ class InstrumentedGraph(_Serializable):
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s); it runs uninstrumented from now on, its calls counted", self.record.name,
                   reason)
-        self.entry.calls += 1
+        self.entry.count()
         return self._run(args) if self.boxed else self._run(*args)
 
     # --- SerializableCallable: the plan travels with the inner artifact ---------------
@@ -371,9 +371,10 @@ def hot_function(graph: InstrumentedGraph
     ``__call__`` pays a slot call, an instance-dict read per attribute and the size key's
     own call, this pays bytecodes (benchmarks/overhead.py).
 
-    Per call: the size key (an expression over the arguments), one dict lookup, the count
-    (as the call returns: one that raises is not counted, as on every path) and the row's
-    next sample's due count (an int comparison). A size's first calls
+    Per call: the size key (an expression over the arguments), one dict lookup, the row's
+    next sample's due count (an int comparison) and the count, under the row's lock, as the
+    call returns (one that raises is not counted, as on every path; calls from several
+    threads at one size each count). A size's first calls
     (``config.timed_first``) are timed, then one in ``FXFLOPS_SAMPLE_EVERY`` (``every``):
     two clock reads and ``note``, the sample standing for itself and the calls until the
     next in the total. The others pay no clock: the clock and the sample are most of the
@@ -391,18 +392,20 @@ def hot_function(graph: InstrumentedGraph
     every = config.SAMPLE_EVERY.get()
     first = config.timed_first(every)
 
-    def note(row: SizeStats, n: int, ns: int) -> None:
-        """A timed call, the ``n``-th of its size, took ``ns`` (``SizeStats.add``, with the
-        sample standing in the total for itself and the calls until the next is due: the
-        next call while a size's first calls are each timed, then the next multiple of
-        ``every``). Called on timed calls only, outside their clock reads."""
-        t = row.timed
-        row.window[t % row.cap] = ns
-        due = n + 1 if n + 1 < first else (n // every + 1) * every
-        row.total_ns += ns * (due - n)
-        row.due = due
-        row.timed = t + 1
-        row.count = n + 1
+    def note(row: SizeStats, ns: int) -> None:
+        """A timed call took ``ns``: it counts as the row's next call (``SizeStats.add``,
+        with the sample standing in the total for itself and the calls until the next is
+        due: the next call while a size's first calls are each timed, then the next
+        multiple of ``every``). Called on timed calls only, outside their clock reads,
+        under the row's lock (threads at one size: each call counted once)."""
+        with row.lock:
+            n, t = row.count, row.timed
+            row.window[t % row.cap] = ns
+            due = n + 1 if n + 1 < first else (n // every + 1) * every
+            row.total_ns += ns * (due - n)
+            row.due = due
+            row.timed = t + 1
+            row.count = n + 1
 
     def miss(error: BaseException, args: Any) -> Any:
         """A call the rows do not serve (a new size, a key no longer readable): the
@@ -461,7 +464,7 @@ class _UninstrumentedGraph(InstrumentedGraph):
     entry: UninstrumentedGraph
 
     def __call__(self, *args: Any) -> Any:
-        self.entry.calls += 1
+        self.entry.count()
         return self._run(*args)
 
     def _on_miss(self, args: Sequence[Any]) -> Any:
@@ -508,7 +511,7 @@ class _UninstrumentedBoxedGraph(_BoxedGraph):
     entry: UninstrumentedGraph
 
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
-        self.entry.calls += 1
+        self.entry.count()
         return self._run(args)
 
     def _on_miss(self, args: Sequence[Any]) -> Any:
@@ -525,7 +528,7 @@ class CountedGraph(_Serializable):
         self.__name__ = self.__qualname__ = f"fxflops_{entry.name}"
 
     def __call__(self, *args: Any) -> Any:
-        self.entry.calls += 1
+        self.entry.count()
         return self.inner(*args)
 
     @classmethod
@@ -548,7 +551,7 @@ class _CountedBoxedGraph(CountedGraph):
         self._boxed_call = True  # (see InstrumentedGraph: disable copies the __dict__)
 
     def __call__(self, args: list[Any]) -> Any:  # type: ignore[override]
-        self.entry.calls += 1
+        self.entry.count()
         return self.inner(args)
 
 

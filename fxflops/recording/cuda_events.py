@@ -328,7 +328,8 @@ class CudaClock:
                     entry.unread[phase] = 0
                     for row in entry.rows_in(phase):
                         row.add_calls(n)
-                        row.lost += lost
+                        with row.lock:
+                            row.lost += lost
 
     # --- collection (the report's flush, exit, a signal) --------------------------------
 

@@ -69,17 +69,17 @@ def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) 
             acc[1] += bytes_ if cache_bytes is None else cache_bytes
         groups = row.runtime_groups = [(costers[k], w, f, b, k)
                                        for (k, w), (f, b) in merged.items()]
-    counted = False
-    by_kind = row.runtime_by_kind
-    for coster, window, flops, bytes_, kind in groups:
-        got = coster.counts(window)
-        if got is not None:
-            row.runtime_flops += flops * got[0]
-            row.runtime_bytes += bytes_ * got[1]
-            counted = True
+    charged = [(flops * got[0], bytes_ * got[1], kind) for coster, window, flops, bytes_, kind
+               in groups if (got := coster.counts(window)) is not None]
+    if not charged:
+        return
+    with row.lock:  # (calls from several threads at one size: each charged)
+        by_kind = row.runtime_by_kind
+        for flops, bytes_, kind in charged:
+            row.runtime_flops += flops
+            row.runtime_bytes += bytes_
             if by_kind is not None:
-                by_kind[kind] = by_kind.get(kind, 0) + flops * got[0]
-    if counted:
+                by_kind[kind] = by_kind.get(kind, 0) + flops
         row.runtime_calls += 1
 
 

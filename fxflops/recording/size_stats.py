@@ -8,6 +8,7 @@ per call.
 
 from __future__ import annotations
 
+import threading
 from array import array
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -25,11 +26,17 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "__weakref__")
+                 "due", "lock", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
         cap = cap or config.WINDOW.get()
+        # every write to the row's counts and samples holds it: a call's read-modify-write
+        # of ``count`` from two threads at once (the inner releases the GIL while it runs;
+        # a free-threaded Python has none) would lose calls. Re-entrant: a signal handler
+        # (a report's flush, which collects CUDA samples into rows) may run on a thread
+        # that holds it; nothing blocks while it is held.
+        self.lock = threading.RLock()
         self.key = key
         self.size = size
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
@@ -78,23 +85,31 @@ class SizeStats:
         (a reader never sees a call without its sample). The CPU-clock hot function's
         ``note`` does this with the sample weighted by the calls it stands for, itself and
         those until the next is due (``wrap.hot_function``)."""
-        self.add_late(ns)
-        self.count += 1
+        with self.lock:
+            self._sample(ns)
+            self.count += 1
 
     # --- calls timed later (CUDA events): counted when made, timed when read ----------
 
     def add_call(self) -> None:
         """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
-        self.count += 1
+        with self.lock:
+            self.count += 1
 
     def add_calls(self, n: int) -> None:
         """``n`` calls made whose times arrive later, or never (a CUDA graph's replays,
         counted at a collection)."""
-        self.count += n
+        with self.lock:
+            self.count += n
 
     def add_late(self, ns: int) -> None:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's
         sample may be read before its count is collected)."""
+        with self.lock:
+            self._sample(ns)
+
+    def _sample(self, ns: int) -> None:
+        """(Under the lock.)"""
         n = self.timed
         self.window[n % self.cap] = ns
         self.total_ns += ns
@@ -102,7 +117,8 @@ class SizeStats:
 
     def add_lost(self) -> None:
         """A call counted by ``add_call`` whose sample will never come."""
-        self.lost += 1
+        with self.lock:
+            self.lost += 1
 
     @property
     def samples_taken(self) -> int:
@@ -118,10 +134,11 @@ class SizeStats:
     def note_scheduled(self, tokens: int) -> None:
         """A forward of ``tokens`` real tokens ran at this row's (padded) size. The
         distinct counts kept are bounded by the size itself (0 < tokens <= size)."""
-        scheduled = self.scheduled
-        if scheduled is None:
-            scheduled = self.scheduled = {}
-        scheduled[tokens] = scheduled.get(tokens, 0) + 1
+        with self.lock:
+            scheduled = self.scheduled
+            if scheduled is None:
+                scheduled = self.scheduled = {}
+            scheduled[tokens] = scheduled.get(tokens, 0) + 1
 
     def scheduled_tokens(self) -> tuple[int, int]:
         """(forwards noted, tokens the scheduler gave them): see note_scheduled."""

@@ -180,6 +180,12 @@ class UninstrumentedGraph:
         self.name = name
         self.reason = reason
         self.calls = 0
+        self._lock = threading.RLock()  # (see SizeStats.lock)
+
+    def count(self) -> None:
+        """One call (from any thread: each counts)."""
+        with self._lock:
+            self.calls += 1
 
 
 def _row_of(rows: dict[int, SizeStats], size: int) -> SizeStats:

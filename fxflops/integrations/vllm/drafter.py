@@ -48,6 +48,7 @@ scheduling every draft is assumed accepted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from collections.abc import Iterator
@@ -69,8 +70,6 @@ def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
     extends ``seq_lens`` too but, in vLLM 0.32, not the host bound: it is added back
     where that keeps the bound within ``max_seq_len``. None: no host copy."""
     n = int(cad.num_reqs)
-    starts = cad.query_start_loc_cpu[: n + 1].numpy().astype("int64")
-    query = starts[1:] - starts[:-1]
     seq = cad.seq_lens
     if seq.device.type == "cpu":
         total = seq[:n].numpy().astype("int64")
@@ -81,7 +80,7 @@ def pass_lengths(cad: Any, extension: int = 0) -> tuple[Any, Any] | None:
         total = bound[:n].numpy().astype("int64")
         if extension and n and int(total.max()) + extension <= int(cad.max_seq_len):
             total = total + extension
-    return query, total - query
+    return _lengths(cad.query_start_loc_cpu.numpy(), total, n)
 
 
 def _lengths(query_start_loc: Any, seq_lens: Any, n: int) -> tuple[Any, Any]:
@@ -228,20 +227,38 @@ def _install_v1_hooks() -> None:
 
 
 def _v2_propose_begins(named: dict[str, Any]) -> None:
-    """A speculator's ``propose`` starts: its passes' lengths are the target's until it
-    builds metadata of its own; a dummy ``propose`` counts nothing."""
+    """A speculator's ``propose`` starts: its passes' lengths are the target's step's until
+    it builds metadata of its own; a dummy ``propose`` counts nothing."""
+    from fxflops.integrations.vllm.forward import v2_batch_lengths
+
     _pending.proposer = named["self"]
     _pending.dummy = bool(named.get("dummy_run"))
-    _pending.lengths = None
-    if _pending.dummy:
-        return
-    batch = named["input_batch"]
-    _pending.lengths = _lengths(batch.query_start_loc_np, batch.seq_lens_cpu_upper_bound,
-                                int(batch.num_reqs))
+    _pending.lengths = None if _pending.dummy else v2_batch_lengths(named["input_batch"])
 
 
-def _v2_propose_ends(_named: dict[str, Any], _result: Any) -> None:
-    _pending.lengths, _pending.dummy = None, False
+def _v2_propose(original: Any) -> Any:
+    """A speculator's ``propose``, its step's lengths noted first and dropped after (once
+    per step: a ``propose`` that calls its base's is one)."""
+
+    @functools.wraps(original)
+    def propose(*args: Any, **kwargs: Any) -> Any:
+        depth = _pending.__dict__.get("depth", 0)
+        if not depth:
+            try:
+                _v2_propose_begins(arguments(original, args, kwargs))
+            except Exception as e:
+                _pending.lengths = None
+                warn_once("vllm-draft-pass", "fxflops: the drafter's passes are not counted "
+                          "(%s: %s)", type(e).__name__, e)
+        _pending.depth = depth + 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _pending.depth = depth
+            if not depth:
+                _pending.lengths, _pending.dummy = None, False
+
+    return propose
 
 
 def _v2_note_lengths(named: dict[str, Any]) -> None:
@@ -269,9 +286,7 @@ def _hook_speculator(named: dict[str, Any], _result: Any) -> None:
         if not (isinstance(cls, type) and issubclass(cls, BaseSpeculator)):
             continue
         if callable(cls.__dict__.get("propose")):
-            _patch(cls, "propose", "drafter", lambda original: passthrough(
-                original, before=_v2_propose_begins, after=_v2_propose_ends,
-                what="drafter passes (V2)"))
+            _patch(cls, "propose", "drafter", _v2_propose)
         module = sys.modules.get(cls.__module__)
         if module is not None and callable(getattr(module, "set_forward_context", None)):
             _patch(module, "set_forward_context", "drafter", _drafter_forward_context)

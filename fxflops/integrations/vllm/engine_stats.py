@@ -82,29 +82,6 @@ def estimate_step(runner: Any, size: int, query_lens: Any, context_lens: Any) ->
                                          {str(k): int(v) for k, v in flops.items()})
 
 
-def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
-    """The step's drafts and how many the target accepted, per request."""
-    drafts = named["scheduler_output"].scheduled_spec_decode_tokens
-    if not drafts:
-        return
-    valid = result[3]  # valid_sampled_token_ids: empty under async scheduling (on device)
-    if not valid:
-        warn_once("spec-decode-async", "fxflops: speculative decoding's acceptance is not "
-                  "counted under async scheduling (the accepted tokens stay on the device)")
-        return
-    invalid = getattr(named["scheduler_output"], "num_invalid_spec_tokens", None) or {}
-    spec = recorder().engine.spec_decode
-    for i, req_id in enumerate(named["self"].input_batch.req_ids):
-        proposed = len(drafts.get(req_id) or ()) - int(invalid.get(req_id, 0))
-        if proposed > 0 and i < len(valid) and valid[i]:
-            spec.add(proposed, len(valid[i]) - 1)  # the rest: the target's own token
-
-
-# --- V2 ------------------------------------------------------------------------------
-
-_v2 = threading.local()
-
-
 def _proposed(scheduler_output: Any) -> dict[str, int] | None:
     """Draft tokens to verify per request this step (those vLLM marked invalid left out)."""
     drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
@@ -112,6 +89,28 @@ def _proposed(scheduler_output: Any) -> dict[str, int] | None:
         return None
     invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
     return {req: len(tokens or ()) - int(invalid.get(req, 0)) for req, tokens in drafts.items()}
+
+
+def _after_bookkeeping(named: dict[str, Any], result: Any) -> None:
+    """(V1.) The step's drafts and how many the target accepted, per request."""
+    proposed = _proposed(named["scheduler_output"])
+    if not proposed:
+        return
+    valid = result[3]  # valid_sampled_token_ids: empty under async scheduling (on device)
+    if not valid:
+        warn_once("spec-decode-async", "fxflops: speculative decoding's acceptance is not "
+                  "counted under async scheduling (the accepted tokens stay on the device)")
+        return
+    spec = recorder().engine.spec_decode
+    for i, req_id in enumerate(named["self"].input_batch.req_ids):
+        drafts = proposed.get(req_id, 0)
+        if drafts > 0 and i < len(valid) and valid[i]:
+            spec.add(drafts, len(valid[i]) - 1)  # the rest: the target's own token
+
+
+# --- V2 ------------------------------------------------------------------------------
+
+_v2 = threading.local()
 
 
 def _v2_note_drafts(named: dict[str, Any]) -> None:

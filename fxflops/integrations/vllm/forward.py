@@ -220,7 +220,7 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     try:  # what vLLM says of the step: never in the way of the step's own figures
         uncompiled = uncompiled_model(runner)
         if uncompiled is not None:
-            uncompiled.calls += 1
+            uncompiled.count()
             return row  # (no graph: attention is not counted alone either)
         if getattr(runner, "_fxflops_perf", False) is not None:  # (None: estimate off)
             from fxflops.integrations.vllm.engine_stats import estimate_step
@@ -282,7 +282,8 @@ def forward_done(row: Any) -> None:
     """(After a step's forward.) A step that replayed any CUDA graph (FULL, or piecewise
     pieces: V1 and V2 alike) ran as a graph replay: ``captured``."""
     if _replays() != getattr(_state, "replays", 0):
-        row.captured += 1
+        with row.lock:
+            row.captured += 1
 
 
 def end_step() -> None:
@@ -380,12 +381,17 @@ def _v2_record_batch(named: dict[str, Any], _result: Any) -> None:
     if step is None or step.get("dummy") or "token" in step:
         return
     batch = named["input_batch"]
+    runner = step["runner"]
+    row = begin_step(runner, int(batch.num_tokens_after_padding), *v2_batch_lengths(batch))
+    step["token"] = clock_of(runner).start(row)
+
+
+def v2_batch_lengths(batch: Any) -> tuple[Any, Any]:
+    """(query lengths, cached lengths) per request of a V2 ``InputBatch``, from its host
+    arrays only."""
     n = int(batch.num_reqs)
     starts = batch.query_start_loc_np[: n + 1]
-    runner = step["runner"]
-    row = begin_step(runner, int(batch.num_tokens_after_padding), starts[1:] - starts[:-1],
-                     batch.num_computed_tokens_np[:n])
-    step["token"] = clock_of(runner).start(row)
+    return starts[1:] - starts[:-1], batch.num_computed_tokens_np[:n]
 
 
 def _v2_execute_model(original: Any) -> Any:

@@ -189,36 +189,36 @@ WARMUP_METHODS = {
     "warming_up_model": "warmup",  # the CPU runner's
     "capture_model": "capture",  # CUDA graphs
 }
-# where the workers and model runners are (each imported if vLLM has not yet: a worker
-# loads the plugins before it imports its own classes)
+# where the workers and model runners are (those imported: a worker imports its own)
 _WORKER_CLASSES = (("vllm.v1.worker.worker_base", "WorkerBase"),
-                   ("vllm.v1.worker.gpu_worker", "Worker"),
-                   ("vllm.v1.worker.cpu_worker", "CPUWorker"),
                    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"))
 
 
-def install_warmup_phases(import_workers: bool = False) -> None:
+def install_warmup_phases_per_worker() -> None:
+    """Attach the warm-up phases (``install_warmup_phases``) as each worker is made
+    (``WorkerWrapperBase.init_worker``: its classes are imported by then, and its memory
+    profiling, warm-up and capture are still to come), in every compilation mode; the
+    layer census attaches them too, for classes loaded later."""
+    from vllm.v1.worker import worker_base
+
+    _patch(worker_base.WorkerWrapperBase, "init_worker", "warmup",
+           lambda original: passthrough(original, after=lambda named, _: install_warmup_phases(),
+                                        what="warm-up phases"))
+
+
+def install_warmup_phases() -> None:
     """Run vLLM's warm-up methods in their warm-up phase, on every worker and model runner
-    class this process has, whatever the compilation mode (idempotent; a class loaded
-    later is patched at the next call: the layer census calls it again once a model is
-    built). ``import_workers``: import the worker and runner modules vLLM has not imported
-    yet (one that does not import here, a CPU worker on a GPU build, is left out)."""
-    import importlib
+    class this process has imported (idempotent; a class loaded later is patched at the
+    next call)."""
     import sys
 
     from fxflops.recording.phases import warmup
 
     roots: list[type] = []
     for module_name, class_name in _WORKER_CLASSES:
-        module = sys.modules.get(module_name)
-        if module is None and import_workers:
-            try:
-                module = importlib.import_module(module_name)
-            except Exception:
-                continue
-        cls = getattr(module, class_name, None)
+        cls = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(cls, type):
             roots.append(cls)
 
@@ -315,7 +315,7 @@ def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
     ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
     instruments each graph once. A warm start from vLLM's AOT artifact (vLLM 0.33 with
-    torch >= 2.10: ``VLLM_USE_MEGA_AOT_ARTIFACT``, on by default) calls neither: its pieces
+    torch >= 2.12: ``VLLM_USE_MEGA_AOT_ARTIFACT``, on by default) calls neither: its pieces
     are instrumented as the artifact is turned back into the model's forward
     (``_instrumenting_loaded_pieces``)."""
     import sys
@@ -342,6 +342,12 @@ def install_piecewise_compiler() -> None:
 # vLLM's function that turns an AOT artifact back into the model's forward (0.33), looked up
 # in its module at each call
 _RECONSTRUCT = "reconstruct_serializable_fn_from_mega_artifact"
+
+
+# the model tag of the piecewise graph being analysed (its compiler's prefix), for the layer
+# census (``layers``): a piece analysed from fake inputs holds no weights to tell its model
+COMPILING_TAG: contextvars.ContextVar[str | None] = \
+    contextvars.ContextVar("fxflops_compiling_tag", default=None)
 
 
 # (the graph as analysed before Inductor compiled it, the capture of its kernel map) of the
@@ -408,11 +414,15 @@ def instrument_piece(compiled: Any, graph: Any, example_inputs: Any,
         name = "draft:" + name
     if single:
         meta["compile_size"] = start
-    instrumented = wrap_graph(lambda: compiled, name, meta, gm=graph,
-                              example_inputs=example_inputs,
-                              static_size=start if single else None,
-                              kernels=kernels_setting() if kernel_maps else None,
-                              kernel_maps=kernel_maps)
+    token = COMPILING_TAG.set(prefix or None)  # (the layer safety net: whose piece)
+    try:
+        instrumented = wrap_graph(lambda: compiled, name, meta, gm=graph,
+                                  example_inputs=example_inputs,
+                                  static_size=start if single else None,
+                                  kernels=kernels_setting() if kernel_maps else None,
+                                  kernel_maps=kernel_maps)
+    finally:
+        COMPILING_TAG.reset(token)
     serialize = getattr(compiled, "serialize", None)
     if callable(serialize) and instrumented is not compiled:
         instrumented.serialize = serialize
@@ -423,17 +433,19 @@ def _instrumenting_loaded_pieces(original: Callable[..., Any]) -> Callable[..., 
     """vLLM's warm start from its AOT artifact: each piece it loads is instrumented as a
     compiled one is, analysed from the artifact's own split graph (the pieces' FX graphs,
     pickled beside their compiled code; the piece's index, its compile range and the
-    model tag as vLLM keeps them). Nothing changes in what vLLM loads or calls; a failure
-    here leaves the pieces as loaded, warned once."""
+    model tag as vLLM keeps them). vLLM loads what it would, and calls each piece through
+    its instrumented wrapper, as after a cold compile; a failure here leaves the pieces as
+    loaded, warned once."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         artifacts = None
         try:
             named = arguments(original, args, kwargs)
-            artifacts = named["standalone_compile_artifacts"]
-            artifacts.get_loaded = _loaded_piece_instrumenter(
-                artifacts, named["state"], artifacts.get_loaded)
+            loaded = named["standalone_compile_artifacts"]
+            loaded.get_loaded = _loaded_piece_instrumenter(loaded, named["state"],
+                                                           loaded.get_loaded)
+            artifacts = loaded  # (its get_loaded is fxflops' until vLLM has loaded them)
         except Exception as e:
             warn_once("vllm-hook:warm pieces", "fxflops: pieces loaded from vLLM's AOT "
                       "artifact not instrumented (%s: %s)", type(e).__name__, e)
@@ -450,9 +462,12 @@ def _loaded_piece_instrumenter(artifacts: Any, state: dict[str, Any],
                                get_loaded: Callable[[str, str], Any]
                                ) -> Callable[[str, str], Any]:
     """``get_loaded(submod_name, shape)`` returning the loaded piece instrumented."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from vllm.compilation.caching import VllmSerializableFunction
+
+    from fxflops import torch_compat
+
+    FakeTensorMode = torch_compat.get("fake_tensor_mode")
 
     # the split graph, unpickled apart from vLLM's (its own fake mode: nothing of vLLM's
     # shape environment is touched)

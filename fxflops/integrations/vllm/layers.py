@@ -32,19 +32,25 @@ from fxflops.cost.layer_check import (
     type_name,
     unregister_layer_source,
 )
+from fxflops.integrations.vllm.hooks import COMPILING_TAG
 
 # the models vLLM compiles in this process (several: a speculative decoder's drafter, an
 # encoder), and each one's census once made
 _MODELS: list[weakref.ref[torch.nn.Module]] = []
 _CENSUS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, LayerSpec]] = \
     weakref.WeakKeyDictionary()
+# per model: the model tag vLLM built it under (``set_model_tag``: "backbone", a drafter's)
+_TAGS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 # per model: the modules by the name vLLM's ops call them
 _NAMES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]] = \
     weakref.WeakKeyDictionary()
 
 
-def note_model(model: torch.nn.Module) -> None:
-    """A model vLLM is about to compile (its layers are built; weights may load later)."""
+def note_model(model: torch.nn.Module, tag: str | None = None) -> None:
+    """A model vLLM is about to compile (its layers are built; weights may load later),
+    built under model tag ``tag``."""
+    if tag is not None:
+        _TAGS[model] = tag
     if any(ref() is model for ref in _MODELS):
         return
     _MODELS[:] = [ref for ref in _MODELS if ref() is not None]
@@ -87,7 +93,9 @@ def census_of_models(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | N
     graphs hold them, or the parameters among its example inputs). A speculative
     decoder's drafter has the target's module paths, often narrower layers: a graph is
     checked against its own model's layers, never another's. Where the weights tell no
-    model (a graph without them), the one model noted, else none."""
+    model (a piecewise graph, analysed from fake inputs), the model noted under the model
+    tag the graph is compiled under (``hooks.COMPILING_TAG``); else the one model noted,
+    else none."""
     live = [model for model in (ref() for ref in list(_MODELS)) if model is not None]
     if len(live) > 1:
         # the model most of the graph's weights are of (an EAGLE drafter's graph holds the
@@ -96,7 +104,11 @@ def census_of_models(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | N
         score = {id(m): sum(id(t) in held for t in (*m.parameters(), *m.buffers()))
                  for m in live}
         best = max(score.values())
-        live = [m for m in live if best and score[id(m)] == best]
+        tag = COMPILING_TAG.get()
+        if best:
+            live = [m for m in live if score[id(m)] == best]
+        elif tag is not None:
+            live = [m for m in live if _TAGS.get(m) == tag]
     if len(live) != 1:
         return []
     (model,) = live
@@ -194,14 +206,14 @@ def _model_dtype(config: Any) -> torch.dtype:
 def install_census() -> Any:
     """Note every model vLLM compiles (``TorchCompileWithNoGuardsWrapper.__init__``, called
     once the model's layers are built)."""
-    from vllm.compilation import wrapper
+    from vllm.compilation import backends, wrapper
 
     from fxflops.integrations.vllm import hooks
 
     def before(named: dict[str, Any]) -> None:
         model = named["self"]
         if isinstance(model, torch.nn.Module):
-            note_model(model)
+            note_model(model, getattr(backends, "model_tag", None))
         # the model is built: the worker's classes are imported, and its memory profiling
         # and warm-up are still to come
         hooks.install_warmup_phases()

@@ -49,7 +49,11 @@ def switch_on() -> None:
     """Instrument this process, and every process it starts from now on (idempotent):
     ``FXFLOPS=1`` for them, this run's id, fxflops' settings for Ray's workers, the
     metrics' collection, then every hook (``install``)."""
-    os.environ[config.ENABLED.name] = "1"  # vLLM's engine and workers inherit it
+    if os.environ.get(config.ENABLED.name) != "1":
+        previous = os.environ.get(config.ENABLED.name)
+        _UNDO.append(lambda: os.environ.pop(config.ENABLED.name, None) if previous is None
+                     else os.environ.__setitem__(config.ENABLED.name, previous))
+        os.environ[config.ENABLED.name] = "1"  # vLLM's engine and workers inherit it
     placement.run_id()  # set before vLLM starts its engine and workers: they inherit it
     _settings_reach_ray_workers()
     _collect_worker_metrics()
@@ -76,8 +80,8 @@ def install() -> None:
     hooks.install_mode2_backend()
     hooks.install_piecewise_compiler()
     # vLLM's own warm-up runs (memory profiling, warm-up compiles and steps, CUDA-graph
-    # capture), whatever the mode: the worker classes are imported here if vLLM has not yet
-    hooks.install_warmup_phases(import_workers=True)
+    # capture), whatever the mode: attached to the worker's classes once a worker is made
+    hooks.install_warmup_phases_per_worker()
     if config.KERNELS.get() is not None:
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
         from fxflops import torch_compat
@@ -91,12 +95,20 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Undo everything ``register`` and ``install`` changed in vLLM's classes."""
+    """Undo everything ``register``, ``switch_on`` and ``install`` changed: vLLM's classes,
+    fxflops' prefix in vLLM's Ray prefixes, ``FXFLOPS`` where ``switch_on`` set it."""
     from fxflops.integrations.vllm import hooks, layers
 
     hooks.uninstall()
     layers.forget_models()
+    for undo in reversed(_UNDO):
+        undo()
+    _UNDO.clear()
     _installed.clear()
+
+
+# what ``switch_on`` changed outside vLLM's classes, each undone by ``uninstall``
+_UNDO: list[Any] = []
 
 
 def _collect_worker_metrics() -> None:
@@ -149,8 +161,9 @@ def _settings_reach_ray_workers() -> None:
     except Exception:  # a vLLM without it (or one that moved it): nothing to add to
         return
     prefixes = getattr(ray_env, "DEFAULT_ENV_VAR_PREFIXES", None)
-    if isinstance(prefixes, set):
+    if isinstance(prefixes, set) and "FXFLOPS" not in prefixes:
         prefixes.add("FXFLOPS")
+        _UNDO.append(lambda: prefixes.discard("FXFLOPS"))
 
 
 def _install_dp_size_note() -> None:
@@ -164,9 +177,8 @@ def _install_dp_size_note() -> None:
 
 
 def _install_census() -> None:
-    """Note each model vLLM compiles, for the layer safety net (``layers``): installed
-    before it is known whether fxflops will instrument (the native mode-2 path decides
-    while the model is being compiled); it keeps a weak reference per model, nothing more."""
+    """Note each model vLLM compiles, with the model tag it is built under, for the layer
+    safety net (``layers``): a weak reference per model, nothing more."""
     if "census" in _installed:
         return
     from fxflops.integrations.vllm.layers import install_census
