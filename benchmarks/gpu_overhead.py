@@ -109,7 +109,7 @@ def per_call(cuda: StandInCuda, pairs: int) -> None:
     torch._dynamo.mark_dynamic(x, 0)
     bare = torch.compile(bare_fn, backend="eager")
     on_cpu = torch.compile(cpu_fn, backend=fxflops.backend(inner="eager"))
-    real_plan, real_timer = wrap.plan, wrap.make_timer
+    real_plan, real_timer = wrap.plan, wrap.clock_for
 
     def planned_on_gpu(*args: Any, **kwargs: Any) -> Any:
         graph_plan = real_plan(*args, **kwargs)
@@ -117,7 +117,7 @@ def per_call(cuda: StandInCuda, pairs: int) -> None:
         return graph_plan
 
     wrap.plan = planned_on_gpu
-    wrap.make_timer = lambda device: cuda_events.CudaEventTimer(cuda)
+    wrap.clock_for = lambda device: cuda_events.CudaEventClock(cuda)
     plan.device_name = lambda device: "stand-in GPU"
     try:
         on_gpu = torch.compile(gpu_fn, backend=fxflops.backend(inner="eager"))
@@ -126,7 +126,7 @@ def per_call(cuda: StandInCuda, pairs: int) -> None:
             _, cpu_ns, cpu_d = paired(bare, on_cpu, (x,), 5_000, pairs)
             b, gpu_ns, gpu_d = paired(bare, on_gpu, (x,), 5_000, pairs)
     finally:
-        wrap.plan, wrap.make_timer = real_plan, real_timer
+        wrap.plan, wrap.clock_for = real_plan, real_timer
     print(f"per call through torch.compile (eager inner, grad off): bare {b / 1e3:.2f} us; "
           f"CPU clock +{cpu_d / 1e3:.2f} us; GPU path (CUDA events, stand-in calls) "
           f"+{gpu_d / 1e3:.2f} us, {gpu_d / max(cpu_d, 1):.1f}x the CPU path's")

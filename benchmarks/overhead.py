@@ -1,7 +1,7 @@
 """Time the instrumentation adds per call, in every call style; memory after many calls.
 
     python benchmarks/overhead.py [--calls 1000000] [--sizes 50] [--iters 4608] [--rounds 5]
-                                  [--copy-floor]
+                                  [--model block|decoder]
 
 1. **What users pay**, through ``torch.compile`` as they call it, in every call style:
    Inductor and eager inside; grad mode off and on (a module whose weights need grad:
@@ -25,15 +25,16 @@
      it in every style, so a mean of the two would flatter fxflops);
    - ``floor``: a backend that does nothing but what fxflops' wrapper shape costs: it
      compiles the inner as fxflops does and returns a function that calls it (Dynamo's
-     disable wrapper, one Python frame). With ``--copy-floor`` and eager inside, it is
-     fxflops' shape there instead: a copy of the graph's generated ``forward`` compiled
-     from its source, a code object of its own with nothing written into it (fxflops
-     writes its bookkeeping into such a copy), so that ``own`` is the bookkeeping alone;
+     disable wrapper, one Python frame);
    - ``fxflops``: ``fxflops.backend(inner=...)``, as it runs past a size's first calls,
      each of which it times (a call counted, one in ``FXFLOPS_SAMPLE_EVERY``, 256, timed:
      the goal's column);
    - ``timed``: the same with ``FXFLOPS_SAMPLE_EVERY=1``, every call timed (what a size's
      first calls pay).
+
+   ``--model decoder`` runs the same on the demo's decoder layer (attention and MLP, a
+   few hundred microseconds a call): what a served graph is, and what a gain of a tenth
+   of a microsecond has to show itself against (the A/A column).
 
    Calls go in blocks of ``BLOCK`` calls of one variant, each block timed as a whole: its
    mean per call, which holds the sampled calls' share of the cost as a user pays it; a
@@ -41,7 +42,7 @@
    weighs no more than any other); the figures are the medians over ``--rounds`` rounds
    of the per-round differences. Goal: fxflops against bare at most 1 us; fxflops against
    the floor is fxflops' own bookkeeping.
-2. fxflops' bookkeeping alone: its hot function around a callable that does nothing,
+2. fxflops' bookkeeping alone: its instrumented graph around a callable that does nothing,
    minus that callable called from a function of the same shape (goal: at most 1 us), in
    the steady state and with every call timed.
 3. Memory after 1,000 and ``--calls`` calls over ``--sizes`` sizes (goal: flat).
@@ -128,13 +129,50 @@ class Twin(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2 + 1
 
 
-def floor_backend(inner: str, copy: bool = False) -> Any:
-    """Dynamo's floor for a wrapping backend: the inner compiled as fxflops compiles it,
-    called through one plain function, nothing counted. ``copy`` (an eager inner only):
-    instead, what fxflops' shape is there, a copy of the graph's generated ``forward``
-    compiled from its source (a code object of its own), nothing written into it."""
-    import types
+class Decoder(torch.nn.Module):
+    """The demo's decoder layer (RMSNorm, grouped-query attention with rotary embeddings,
+    a SwiGLU MLP; hidden 256) on ``(1, tokens, 256)``, its rotary tables made per call."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        from fxflops.cli.demo_model import DecoderLayer, DemoConfig
+
+        self.cfg = DemoConfig()
+        self.layer = DecoderLayer(self.cfg)
+        d = self.cfg.head_dim
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        freqs = torch.outer(torch.arange(x.shape[1], dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return self.layer(x, emb.cos(), emb.sin())
+
+
+class DecoderTwin(torch.nn.Module):
+    """``Decoder``'s twin (see ``Twin``): its layer and buffer, its forward written again."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        super().__init__()
+        self.layer = decoder.layer
+        self.register_buffer("inv_freq", decoder.inv_freq)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        freqs = torch.outer(torch.arange(x.shape[1], dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return self.layer(x, emb.cos(), emb.sin())
+
+
+# name: (the module, its twin given it, an input of ``n`` rows or tokens)
+MODELS: dict[str, tuple[Any, Any, Any]] = {
+    "block": (Block, lambda block: Twin(block.linear), lambda n: torch.randn(n, 16)),
+    "decoder": (Decoder, DecoderTwin, lambda n: torch.randn(1, n, 256)),
+}
+MODEL = "block"
+
+
+def floor_backend(inner: str) -> Any:
+    """Dynamo's floor for a wrapping backend: the inner compiled as fxflops compiles it,
+    called through one plain function, nothing counted."""
     from fxflops import torch_compat
     from fxflops.instrument.backend import _eager_forward, resolve_inner
     from fxflops.instrument.wrap import _callable_of
@@ -144,11 +182,6 @@ def floor_backend(inner: str, copy: bool = False) -> Any:
             compiled = torch_compat.get("compile_fx")(gm, example_inputs)
         else:
             compiled = _eager_forward(resolve_inner(inner)(gm, example_inputs))
-        if copy and inner != "inductor":
-            module, function = compiled.__self__, compiled.__func__
-            namespace = dict(function.__globals__)
-            exec(compile(module.code, f"<floor copy #{id(module)}>", "exec"), namespace)
-            return types.MethodType(namespace["forward"], module)
         run = _callable_of(compiled, dynamo=True)
 
         def call(*args: Any) -> Any:
@@ -160,17 +193,17 @@ def floor_backend(inner: str, copy: bool = False) -> Any:
 
 
 def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
-                      order: list[int], copy_floor: bool = False) -> list[Any]:
+                      order: list[int]) -> list[Any]:
     """The variants of one style, compiled afresh (in ``order``) and warmed past a size's
     first calls; returned in ``VARIANTS`` order (``bare again`` is ``bare``)."""
     torch._dynamo.reset()
-    backends = [inner, None, inner, floor_backend(inner, copy_floor),
+    backends = [inner, None, inner, floor_backend(inner),
                 fxflops.backend(inner=inner), fxflops.backend(inner=inner)]
     fns: list[Any] = [None] * len(backends)
     # one layer for all: each compile's graph reads the same parameters, so no variant's
     # figure depends on where its own weights landed in memory
-    block = Block()
-    twin = Twin(block.linear)
+    block = MODELS[MODEL][0]()
+    twin = MODELS[MODEL][1](block)
     with torch.set_grad_enabled(grad):
         for v in order:
             if backends[v] is None:  # ``bare again``: bare's callable
@@ -186,8 +219,8 @@ def compiled_variants(inner: str, grad: bool, inputs: list[torch.Tensor],
     return fns
 
 
-def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int,
-               copy_floor: bool = False) -> dict[str, float]:
+def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int
+               ) -> dict[str, float]:
     """The variants of one style, called in turn, ``BLOCK`` calls at a time; the medians
     of the per-round differences against bare (ns) and the bare call's median.
 
@@ -195,7 +228,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int,
     code and data land in memory, or which variant was compiled first, then weighs on a
     single round, not on all of them, and the median over rounds damps it."""
     torch.manual_seed(0)
-    inputs = [torch.randn(8 + 4 * i, 16) for i in range(sizes)]
+    inputs = [MODELS[MODEL][2](8 + 4 * i) for i in range(sizes)]
     now = time.perf_counter_ns
     diffs: dict[str, list[float]] = {"bare again": [], "bare 2": [], "floor": [],
                                      "fxflops": [], "fxflops - floor": [], "timed": [],
@@ -203,8 +236,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int,
     bare_ms: list[float] = []
     n = len(VARIANTS)
     for r in range(rounds):
-        fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)],
-                                copy_floor)
+        fns = compiled_variants(inner, grad, inputs, [(r + v) % n for v in range(n)])
         means: list[list[float]] = [[] for _ in fns]  # per block: its calls' mean
         calls: list[list[int]] = [[] for _ in fns]  # per call
         # each pass over the variants in an order of its own: which variant's block a
@@ -236,7 +268,7 @@ def call_style(inner: str, grad: bool, sizes: int, iters: int, rounds: int,
     return out
 
 
-def every_call_style(iters: int, rounds: int, copy_floor: bool = False) -> None:
+def every_call_style(iters: int, rounds: int) -> None:
     print("through torch.compile, per call (us; medians of per-round differences against "
           "bare, of the blocks' means; goal: fxflops <= +1 us)")
     print(f"{'inner':9} {'grad':5} {'sizes':5} {'bare':>8} {'A/A':>7} {'2nd':>7} "
@@ -244,7 +276,7 @@ def every_call_style(iters: int, rounds: int, copy_floor: bool = False) -> None:
     for inner in ("inductor", "eager"):
         for grad in (False, True):
             for sizes in (1, 3):
-                r = call_style(inner, grad, sizes, iters, rounds, copy_floor)
+                r = call_style(inner, grad, sizes, iters, rounds)
                 ok = "OK" if r["fxflops"] <= GOAL_NS else "MISSED"
                 print(f"{inner:9} {'on' if grad else 'off':5} {sizes:5} {r['bare'] / 1e3:8.2f} "
                       f"{r['bare again'] / 1e3:+7.2f} {r['bare 2'] / 1e3:+7.2f} "
@@ -255,9 +287,7 @@ def every_call_style(iters: int, rounds: int, copy_floor: bool = False) -> None:
     print("(A/A: the bare callable timed again, this machine's noise; 2nd: a second "
           "bare compile, of a twin of the module, what two compiles of one model differ "
           "by; floor: "
-          "a backend that only calls the inner" + (
-              " (with eager inside: a copy of the graph's forward, fxflops' shape there)"
-              if copy_floor else "") + "; own: fxflops against the floor; timed: "
+          "a backend that only calls the inner; own: fxflops against the floor; timed: "
           "fxflops with every call timed, FXFLOPS_SAMPLE_EVERY=1, as a size's first "
           f"{FIRST_TIMED} calls are; p50: fxflops' median call against bare's, "
           "which leaves the sampled calls out)")
@@ -271,7 +301,7 @@ def per_call_ns(fn: Any, args: tuple, n: int) -> float:
 
 
 def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
-    """fxflops' hot function around a no-op inner against a function of the same shape:
+    """fxflops' instrumented graph around a no-op inner against a function of the same shape:
     with the default stride and with every call timed, each on a graph of its own (a
     graph's rows keep its sampling state)."""
     from fxflops.instrument.wrap import InstrumentedGraph
@@ -297,7 +327,7 @@ def bookkeeping_alone(rounds: int) -> tuple[Any, Any]:
         torch.compile(lambda t: t * 2 + 1, backend=capture)(x)
         graph = captured.pop("graph")
         with sample_every(every):
-            hots[every] = InstrumentedGraph(noop, graph.record, graph.plan).hot
+            hots[every] = InstrumentedGraph(noop, graph.record, graph.plan)
 
     def graph_args(t: torch.Tensor) -> tuple:  # the graph takes its size symbols, then t
         return tuple(t if kind == "Tensor" else t.shape[0] for kind in kinds)
@@ -340,15 +370,18 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=6 * BLOCK,
                    help="calls per variant per round (whole blocks of 3 x the stride)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--copy-floor", action="store_true",
-                   help="with eager inside, the floor is a copy of the graph's generated "
-                        "forward (what fxflops writes its bookkeeping into) rather than a "
-                        "function that calls it")
+    p.add_argument("--model", choices=sorted(MODELS), default="block",
+                   help="block: a 16x16 linear and two element-wise ops (tens of us a "
+                        "call, where a tenth of a microsecond shows); decoder: the demo's "
+                        "decoder layer (attention, MLP: what a served graph is)")
     args = p.parse_args()
+    global MODEL
+    MODEL = args.model
     print(f"torch {torch.__version__}, Python {platform.python_version()}, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs")
-    every_call_style(args.iters, args.rounds, args.copy_floor)
+    print(f"model: {MODEL}")
+    every_call_style(args.iters, args.rounds)
     hot, graph_args = bookkeeping_alone(args.rounds)
     memory(hot, graph_args, args.calls, args.sizes)
 

@@ -110,24 +110,25 @@ PEAK_GBPS = Variable("FXFLOPS_PEAK_GBPS", _peak, None,
                      "peak GB/s for bandwidth use and the roofline (overrides the table)")
 WINDOW = Variable("FXFLOPS_WINDOW", _positive_int, 512,
                   "samples kept per (graph, size) for the median and percentiles")
-# the least calls of a (graph, size) timed one by one before SAMPLE_EVERY applies (rounded
-# up to a multiple of it: with the default, a size's first 256): short runs (the demo, a
-# test, the tuner's sweep) time every call; a server's steady state samples
-TIMED_FIRST = 16
+# a lower bound, not the count: a (graph, size)'s first calls are each timed, at least
+# this many, rounded up to a multiple of SAMPLE_EVERY (``timed_first``: with the default
+# stride, its first 256); short runs (the demo, a test, the tuner's sweep) time every
+# call; a server's steady state samples
+MIN_TIMED_FIRST = 16
 
 
 def timed_first(every: int) -> int:
     """The calls of a (graph, size) each timed before one in ``every`` is:
-    ``TIMED_FIRST`` rounded up to a multiple of ``every``, so that the calls from there on
-    are sampled at its multiples."""
-    return -(-TIMED_FIRST // every) * every
+    ``MIN_TIMED_FIRST`` rounded up to a multiple of ``every`` (the first ``every`` calls
+    from 16 on), so that the calls from there on are sampled at its multiples."""
+    return -(-MIN_TIMED_FIRST // every) * every
 
 
 # one in 256, not fewer: a sampled call takes another path than its neighbours, and the
 # calls after it run slower while the CPU's predictors relearn the model's (about 5 us in
 # all here, spread over the next ten calls; 0.3 us a call at one in 16: docs/benchmarks.md)
 SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 256,
-                        f"time a (graph, size)'s first calls ({TIMED_FIRST} rounded up to a "
+                        f"time a (graph, size)'s first calls ({MIN_TIMED_FIRST} rounded up to a "
                         "multiple of this: this many from 16 on), then one call in this many; "
                         "count every one (1: time every call; the CPU clock's path; see "
                         "[conventions.md](conventions.md))")

@@ -13,7 +13,6 @@ that is not in it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 # releases every non-optional entry was checked against: CI runs the suite on each (2.13
@@ -49,10 +48,6 @@ PRIVATES: dict[str, Private] = {
     # AOTAutograd: forward and backward compilers (inner='aot_eager'), its cache
     "aot_autograd": Private("torch._dynamo.backends.common", "aot_autograd",
                             "aot_eager's forward, backward and inference compilers"),
-    "aot_module_simplified": Private("torch._functorch.aot_autograd", "aot_module_simplified",
-                                     "its unboxed forward, called past its frame on the hot "
-                                     "path (aot_forward_parts; without it, called as is)",
-                                     optional=True),
     "make_boxed_func": Private("functorch.compile", "make_boxed_func",
                                "AOTAutograd's boxed calling convention"),
     "functorch_config": Private("torch._functorch.config", "",
@@ -97,54 +92,6 @@ PRIVATES: dict[str, Private] = {
     "dispatch_mode": Private("torch.utils._python_dispatch", "TorchDispatchMode",
                              "torch-level nodes counted as FlopCounterMode does", direct=True),
 }
-
-
-def dynamo_calls(obj: Any, fn: Any) -> None:
-    """Have Dynamo call ``fn`` where a backend returned ``obj``: ``innermost_fn``, which
-    Dynamo applies before it wraps a backend's result in its disable wrapper, follows
-    ``_torchdynamo_orig_callable`` where ``_torchdynamo_wrapper_id`` is the object's id
-    (the id check is 2.13's; a release that follows the first alone works too). ``obj``
-    stays what the backend returns (a ``SerializableCallable`` for torch's AOT compile).
-    Checked against the installed torch by tests/test_timing.py
-    (``test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules``)."""
-    obj._torchdynamo_orig_callable = fn
-    obj._torchdynamo_wrapper_id = id(obj)
-
-
-# the function ``aot_forward_parts`` takes apart: (module, qualified name)
-AOT_FORWARD = (PRIVATES["aot_module_simplified"].module, "aot_module_simplified.<locals>.forward")
-
-
-def aot_forward_parts(fn: Any) -> tuple[Callable[[list[Any]], Any], Sequence[Any]] | None:
-    """AOTAutograd's unboxed ``forward`` (``aot_module_simplified``'s: what ``compile_fx``
-    returns for a graph that needs no gradients), taken apart into what it calls: its boxed
-    compiled function and its parameters and buffers, called as
-    ``compiled_fn([*params_buffers, *args])``. A caller that makes that call itself saves
-    the frame of a function that only builds the list.
-
-    None for anything else, and for a ``forward`` whose code could do more than that (its
-    arguments, local and free variables, and the names it reads are checked: a release
-    that changes them is called as it is). Its free variables are read once: both are
-    assigned before ``forward`` is made and never after (no other closure of
-    ``aot_module_simplified`` assigns them; ``forward``'s None check of ``compiled_fn`` is
-    for the type checker). That the installed torch's ``compile_fx`` returns such a
-    ``forward`` is checked by tests/test_torch_compat.py."""
-    import inspect
-
-    code = getattr(fn, "__code__", None)
-    if (code is None or getattr(fn, "__module__", None) != AOT_FORWARD[0]
-            or getattr(fn, "__qualname__", None) != AOT_FORWARD[1]
-            or code.co_freevars != ("compiled_fn", "params_buffers_flat")
-            or code.co_varnames != ("runtime_args", "full_args") or code.co_argcount
-            or code.co_kwonlyargcount
-            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-            != inspect.CO_VARARGS
-            or not set(code.co_names) <= {"extend", "AssertionError"}):
-        return None
-    compiled, params = (cell.cell_contents for cell in fn.__closure__)
-    if not callable(compiled) or not isinstance(params, (list, tuple)):
-        return None
-    return compiled, params
 
 
 def get(key: str) -> Any:

@@ -156,11 +156,12 @@ def test_kernel_profiling_takes_serving_calls_only_and_never_breaks_a_capture(
     monkeypatch.setattr(kernel_profile, "profile", profile)
     real_init = wrap.InstrumentedGraph.__init__
 
-    def with_kernels(self, inner, record, graph_plan, timer=None, boxed=False, dynamo=False,
-                     kernels=None):
+    def with_kernels(self, inner, record, graph_plan, clock=wrap.CPU_CLOCK, boxed=False,
+                     dynamo=False, kernels=None):
         record.kernels = [KernelCost("triton_poi_fused_relu_0", 0, tuple(
             n.name for n in graph_plan.cost.nodes), 0, 0, 0)]
-        real_init(self, inner, record, graph_plan, timer, boxed, dynamo, kernels=2)
+        real_init(self, inner, record, graph_plan, clock, boxed, dynamo,
+                  kernels=wrap.KernelSetting(2))
 
     monkeypatch.setattr(wrap.InstrumentedGraph, "__init__", with_kernels)
     s = server("v1", "FULL_AND_PIECEWISE")

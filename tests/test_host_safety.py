@@ -547,14 +547,12 @@ def test_the_call_path_reads_no_attribute_through_a_fallback():
 def test_a_call_through_torch_compile_adds_only_fxflops_own_step(plain, ours):
     """Per call, the Python functions that run under ``backend="fxflops"`` are those of the
     plain backend (the same Dynamo frames, the same generated forward: no
-    ``nn.Module.__call__``), less AOTAutograd's unboxed ``forward`` with Inductor (its
-    argument list made in fxflops' frame), plus fxflops' own: its hot function
-    (``wrap.hot_function``: a function written with the bookkeeping in its lines, the
-    size key an expression in it, ``instrument/inline.py``, which Dynamo calls in place of
-    the object the backend returned), two clock reads and the sample's ``note`` (a size's
-    first calls are each timed). With an eager inner the hot function is a copy of the
-    graph's generated ``forward`` with the bookkeeping in it (the graph's lines timed in
-    it on a sampled call). Counted by cProfile over 10 calls."""
+    ``nn.Module.__call__``), plus fxflops' own: the graph's ``__call__``
+    (``wrap.InstrumentedGraph``, which Dynamo calls in place of the inner), its size key
+    (a static graph's: the empty tuple, from a one-line function), the call's number
+    (``next``), and, as a size's first calls are each timed, ``_call_sampled``'s two clock
+    reads and the sample's ``note`` under the row's lock. Counted by cProfile over 10
+    calls."""
     import cProfile
     import pstats
     import re
@@ -581,16 +579,9 @@ def test_a_call_through_torch_compile_adds_only_fxflops_own_step(plain, ours):
 
     backend = fxflops.backend(inner="eager") if ours.endswith("eager)") else ours
     theirs, mine = functions_called(plain), functions_called(backend)
-    # Inductor (no gradients) returns AOTAutograd's unboxed forward, which only puts the
-    # parameters before the arguments: fxflops' hot function builds that list itself
-    # and with an eager inner, its generated forward runs as a copy with the bookkeeping in it
-    skipped = Counter({"aot_autograd.py:forward": 10,
-                       "~:<method 'extend' of 'list' objects>": 20}) if plain == "inductor" \
-        else Counter({"<eval_with_key>.N:forward": 10})
-    assert theirs - mine == skipped, theirs - mine
-    hot = {"<fxflops fxflops_graph0 #N>:forward": 10} if plain == "eager" \
-        else {"<fxflops fxflops_graph0 #N>:call": 10}
-    # (and the count under the row's lock: each call counted from every thread)
-    assert mine - theirs == Counter({**hot, "~:<built-in method time.perf_counter_ns>": 20,
-                                     "wrap.py:note": 10,
+    assert theirs - mine == Counter(), theirs - mine
+    assert mine - theirs == Counter({"wrap.py:__call__": 10, "<string>:<lambda>": 10,
+                                     "~:<built-in method builtins.next>": 10,
+                                     "wrap.py:_call_sampled": 10, "size_stats.py:note": 10,
+                                     "~:<built-in method time.perf_counter_ns>": 20,
                                      "~:<method '__exit__' of '_thread.RLock' objects>": 10})

@@ -94,6 +94,34 @@ def test_graph_calls_from_threads_all_count(inner, grad, sizes):
         assert 0 < row.samples_taken <= row.count
 
 
+def test_a_free_threaded_pythons_counter_counts_every_call_too(monkeypatch):
+    """On a free-threaded Python rows number their calls with ``LockedCount`` (no GIL makes
+    ``itertools.count``'s C call atomic there): which counter this Python chose, and that
+    the locked one, put in its place here, counts every call of threads at one size, as
+    ``itertools.count`` does, its ``repr`` read as the count."""
+    import itertools
+    import sys
+
+    from fxflops.recording import size_stats
+
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    assert size_stats.CallCounter is (itertools.count if gil else size_stats.LockedCount)
+    for counter in (itertools.count(), size_stats.LockedCount()):
+        assert size_stats.taken(counter) == 0
+        made = hammer(lambda size, c=counter: next(c), (8,))
+        assert size_stats.taken(counter) == made[8] == THREADS * CALLS
+    monkeypatch.setattr(size_stats, "CallCounter", size_stats.LockedCount)
+    compiled = torch.compile(torch.nn.Linear(16, 16), backend=fxflops.backend(inner="eager"),
+                             dynamic=True)
+    x = torch.randn(8, 16)
+    compiled(x)
+    made = hammer(lambda size: compiled(x), (8,))
+    ((_, row),) = counted(fxflops.recorder().graphs[0]).items()
+    assert isinstance(row.calls, size_stats.LockedCount)
+    assert row.count == made[8] + 1 == THREADS * CALLS + 1
+    assert row.totals()[1] == 2 * 8 * 16 * 16 * row.count  # matmul FLOPs, by hand
+
+
 @pytest.fixture
 def sim():
     simulator = CudaSim(lag=2, devices=1)
@@ -137,7 +165,7 @@ def test_whole_forward_rows_from_threads_all_count(sim, clock):
 
     runner = Runner()
     if clock == "cuda":
-        runner._fxflops_timer = cuda_events.CudaEventTimer(sim)
+        runner._fxflops_timer = cuda_events.CudaEventClock(sim)
     attention = coster("attention")
     attention.counts = lambda window: (10, 4)  # pairs and context tokens a forward reads
     attention.window_of = lambda layer: None

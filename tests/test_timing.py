@@ -98,7 +98,7 @@ def test_a_collection_waits_a_bounded_time_for_a_hung_device(sim):
 def compile_on_sim(monkeypatch, sim) -> None:
     """Graphs compiled from now on are planned for "cuda" and timed by the simulator's
     events (no GPU here)."""
-    monkeypatch.setattr(wrap, "make_timer", lambda device: cuda_events.CudaEventTimer(sim))
+    monkeypatch.setattr(wrap, "clock_for", lambda device: cuda_events.CudaEventClock(sim))
     real_plan = wrap.plan
 
     def on_gpu(*args, **kwargs):
@@ -285,7 +285,7 @@ def test_kernel_profiling_never_runs_while_a_graph_is_captured(sim, monkeypatch)
     graph_plan = wrap.plan(gm, [x])
     graph_plan.kernels = [KernelCost("cpp_fused_mul_0", 0, ("mul",), 4, 0, 32)]
     compiled = wrap.wrap_graph(lambda: on_device(sim, 1.0)(gm, [x]), "g", {}, gm=gm,
-                               example_inputs=[x], graph_plan=graph_plan, kernels=2)
+                               example_inputs=[x], graph_plan=graph_plan, kernels=wrap.KernelSetting(2))
     g = sim.CUDAGraph()
     with phases.warmup("capture"), sim.graph(g):
         compiled(x)
@@ -316,12 +316,10 @@ def test_a_graph_that_gives_up_is_reported_with_its_calls(monkeypatch):
     assert entry["calls"] == 3
 
 
-def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch):
-    """Through torch.compile, Dynamo calls a graph's hot function (a plain function: no
-    slot call, no instance reads), not the object the backend returned: the object's own
-    ``__call__`` is never reached at a known size. The function keeps the object's rules:
-    a warm-up phase's calls go to that phase's rows; once the graph gave up, every call
-    (at a known size too) is counted as uninstrumented, none timed."""
+def test_through_torch_compile_the_object_keeps_its_rules(monkeypatch):
+    """Through torch.compile, Dynamo calls the object the backend returned (its plain
+    ``__call__``): a warm-up phase's calls go to that phase's rows; once the graph gave up,
+    every call (at a known size too) is counted as uninstrumented, none timed."""
     made: list = []
 
     def capture(gm, example_inputs):
@@ -332,20 +330,9 @@ def test_dynamo_calls_the_hot_function_which_keeps_the_objects_rules(monkeypatch
     for n in (3, 4):
         compiled(torch.randn(n))
     (graph,) = made
-    # an eager inner's: a copy of the graph module's generated forward with the bookkeeping
-    # in it, a method of that module (instrument/inline.py)
-    assert type(graph.hot).__name__ == "method"
-    assert graph.hot.__func__.__code__.co_filename.startswith("<fxflops fxflops_graph0 #")
-    unwrap = torch_compat.get("innermost_fn")
-    assert unwrap(graph) is graph.hot  # what Dynamo's disable wrapper calls
-
-    def object_path(self, *args):
-        raise AssertionError("the object was called at a known size")
-
-    with monkeypatch.context() as m:
-        m.setattr(wrap.InstrumentedGraph, "__call__", object_path)
-        for n in (3, 3, 4):
-            assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    assert torch_compat.get("innermost_fn")(graph) is graph  # what Dynamo's wrapper calls
+    for n in (3, 3, 4):
+        assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
     record = graph.record
     assert {r.size: r.count for r in record.rows.values()} == {3: 3, 4: 2}
     with phases.warmup("warmup"):
@@ -398,7 +385,7 @@ def test_after_a_sizes_first_calls_one_in_every_is_timed_and_each_call_counted(
     two: the first 20 (16 rounded up to a multiple of 10), then the 21st, 31st, ..."""
     monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", str(every))  # read when a graph is made
     clock = SteppingClock()
-    monkeypatch.setattr(wrap, "_now", clock)
+    monkeypatch.setattr(wrap, "now", clock)
     model = torch.nn.Linear(4, 4).requires_grad_(grad)
     inner = "aot_eager" if grad else "eager"  # AOTAutograd's forward graph, or Dynamo's
     compiled = torch.compile(model, backend=fxflops.backend(inner=inner))
@@ -435,7 +422,7 @@ def test_sample_every_one_times_every_call(monkeypatch):
     assert row.count == row.samples_taken == 200
 
 
-def test_the_hot_function_calls_an_objects_class_call_as_a_slot_call_would():
+def test_the_hot_path_calls_an_objects_class_call_as_a_slot_call_would():
     """An inner object (Inductor's CompiledFxGraph) is called through its class's
     ``__call__``, bound once: what ``obj(args)`` runs, an instance attribute of that name
     ignored as Python ignores it; a function or builtin is called as it is."""
@@ -480,11 +467,11 @@ def test_graphs_of_one_record_under_different_strides_keep_its_total_whole(
     torch.compile(lambda t: t + 1, backend=capture)(x)
     graph = captured["graph"]
     clock = iter(range(0, 10**9, 1000))  # every timed call takes 1,000 ns
-    monkeypatch.setattr(wrap, "_now", lambda: next(clock))
+    monkeypatch.setattr(wrap, "now", lambda: next(clock))
     hots = []
     for every in strides:  # read when a graph is made
         monkeypatch.setenv("FXFLOPS_SAMPLE_EVERY", every)
-        hots.append(wrap.InstrumentedGraph(lambda *a: None, graph.record, graph.plan).hot)
+        hots.append(wrap.InstrumentedGraph(lambda *a: None, graph.record, graph.plan))
     (row,) = graph.record.rows.values()  # its first call, compiled, on the real clock
     count, total_ns, timed = row.count, row.total_ns, row.samples_taken
     for i in range(2000):
@@ -516,35 +503,19 @@ def calls_made(fn, *args) -> collections.Counter:
     return counts
 
 
-# what the floor's call enters and fxflops' does not: Inductor without gradients returns
-# AOTAutograd's unboxed forward, whose list fxflops' hot function builds itself
-AOT_FORWARD_FRAME = collections.Counter({("aot_autograd.py", "forward"): 1,
-                                         ("builtin", "list.extend"): 2})
-
-
-# with an eager inner, fxflops' call is the generated forward with the bookkeeping in it:
-# the floor's function and the generated forward it calls are one frame there
-GENERATED_FORWARD = collections.Counter({("<eval_with_key>", "forward"): 1})
-
-
-@pytest.mark.parametrize("inner,grad,floor_only", [
-    ("eager", False, GENERATED_FORWARD), ("inductor", True, None),
-    ("inductor", False, AOT_FORWARD_FRAME)],
-    ids=["eager-dynamo-graph", "inductor-aot-forward-boxed", "inductor-aot-forward-unboxed"])
-def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, floor_only):
+@pytest.mark.parametrize("inner,grad", [("eager", False), ("inductor", True),
+                                        ("inductor", False)],
+                         ids=["eager-dynamo-graph", "inductor-aot-forward-boxed",
+                              "inductor-aot-forward-unboxed"])
+def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad):
     """The overhead benchmark's floor (a backend that only calls the inner, compiled as
     fxflops compiles it) against fxflops, through torch.compile as users call it, grad
     off (Dynamo's graph, eager or Inductor inside) and on (AOTAutograd's boxed forward
-    graph, Inductor inside): past a size's first calls, one call enters no Python function
-    or builtin the floor's does not, fxflops' hot function in place of the floor's one
-    function (its key, lookup and count are bytecode in that function; with an eager
-    inner, that function is the graph's generated forward with the bookkeeping in it, so
-    the floor's call of the generated forward is not made either; with grad on,
-    Inductor's runtime wrapper calls it directly where the floor goes through one more
-    ``__call__``; with grad off, it builds AOTAutograd's argument list where the floor
-    calls AOTAutograd's ``forward`` to build it); a sampled call adds the two clock reads
-    and the sample's ``note``. Counted, not timed: what benchmarks/overhead.py cannot
-    resolve on a noisy host, this pins."""
+    graph, Inductor inside): past a size's first calls, one call enters what the floor's
+    does, fxflops' ``__call__`` in place of the floor's one function, and ``next`` (the
+    count); a sampled call adds ``_call_sampled``, its two clock reads and the sample's
+    ``note`` under the row's lock. Counted, not timed: what benchmarks/overhead.py cannot resolve on a
+    noisy host, this pins."""
     import importlib.util
     from pathlib import Path
 
@@ -580,17 +551,13 @@ def test_through_torch_compile_a_call_enters_what_the_floors_does(inner, grad, f
                                     for (file, name), n in counts.items()})
 
     floor_made, ours_made = numbered(made["floor"]), numbered(made["ours"])
-    assert floor_made.pop(("overhead.py", "call")) == 1
-    hot = ("<fxflops fxflops_graph0>", "forward" if inner == "eager" else "call")
-    assert ours_made.pop(hot) == 1
-    # the count, under the row's lock (calls from several threads each count)
-    assert ours_made - floor_made == collections.Counter({("builtin", "RLock.__exit__"): 1})
-    if floor_only is None:
-        assert sum((floor_made - ours_made).values()) <= 1
-    else:
-        assert floor_made - ours_made == floor_only
-    assert numbered(sampled) - numbered(made["ours"]) == \
-        collections.Counter({("builtin", "perf_counter_ns"): 2, ("wrap.py", "note"): 1})
+    assert floor_made - ours_made == collections.Counter({("overhead.py", "call"): 1})
+    # the call numbered, one C call (calls from several threads each count)
+    assert ours_made - floor_made == collections.Counter({("wrap.py", "__call__"): 1,
+                                                          ("builtin", "next"): 1})
+    assert numbered(sampled) - ours_made == collections.Counter(
+        {("builtin", "perf_counter_ns"): 2, ("wrap.py", "_call_sampled"): 1,
+         ("size_stats.py", "note"): 1, ("builtin", "RLock.__exit__"): 1})
 
 
 @pytest.mark.gpu

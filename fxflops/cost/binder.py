@@ -28,9 +28,10 @@ class SizeBinder:
     """Reads a call's size key from its arguments.
 
     ``key(args)`` reads it: with one size symbol that symbol's int (``operator.itemgetter``
-    for an int argument), with several a tuple, with none ``()``; ``expression`` is the
-    same as Python source, which the CPU-clock hot path writes into its own lines
-    (``instrument/inline.py``). ``read(args)`` always gives the tuple, in ``symbols`` order.
+    for an int argument), with several a tuple, with none ``()``; it is a one-line
+    function compiled from ``expression`` (built from ints only: argument indices and
+    dimensions), the cheapest key a call can read. ``read(args)`` always gives the tuple,
+    in ``symbols`` order.
     """
 
     def __init__(self, sources: Sequence[tuple[str, int, int | None]]) -> None:

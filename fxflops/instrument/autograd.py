@@ -30,6 +30,7 @@ import torch
 
 from fxflops import torch_compat
 from fxflops.cost.binder import static_size
+from fxflops.instrument.plan import KernelSetting
 from fxflops.instrument.wrap import wrap_graph
 from fxflops.outputs.session import recorder
 
@@ -37,7 +38,7 @@ from fxflops.outputs.session import recorder
 def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inner: str,
                    name: str, meta: dict[str, Any], options: dict[str, Any],
                    inductor_patches: dict[str, Any] | None = None,
-                   kernels: int | None = None) -> Callable[..., Any]:
+                   kernels: KernelSetting | None = None) -> Callable[..., Any]:
     """Compile a Dynamo graph that needs gradients with ``inner`` ("inductor" or
     "aot_eager"), instrumenting each graph AOTAutograd makes of it.
 
@@ -74,8 +75,7 @@ def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inne
             source[:] = [registered]
         if record is not None:
             record.meta["source"] = source[0]
-        # a forward's CPU-clock path as a plain function (``wrap.hot_function``)
-        return getattr(wrapped, "hot", None) or wrapped
+        return wrapped
 
     with torch_compat.get("functorch_config").patch(enable_autograd_cache=False):
         if inner == "inductor":

@@ -20,7 +20,8 @@ import torch
 from fxflops import torch_compat
 from fxflops.instrument import distributed_hooks as distributed
 from fxflops.instrument import provenance
-from fxflops.instrument.wrap import kernels_setting, wrap_graph
+from fxflops.instrument.plan import KernelSetting, kernels_setting
+from fxflops.instrument.wrap import wrap_graph
 from fxflops.util import warn_once
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class FxflopsBackend:
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                         kwargs: dict[str, Any], patches: dict[str, Any],
-                        kernels: int | None) -> Callable[..., Any]:
+                        kernels: KernelSetting | None) -> Callable[..., Any]:
         """A graph that needs gradients: its forward and backward graphs, one level down."""
         from fxflops.instrument.autograd import compile_phases
 

@@ -22,7 +22,6 @@ from fxflops.util import meta_value, warn_once
 
 if TYPE_CHECKING:
     from fxflops.cost.kernels import KernelCost, Shape
-    from fxflops.recording.cuda_events import CudaEventTimer
 
 
 
@@ -57,10 +56,19 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, 
     return GraphPlan(cost, static_size(gm), device, analysis_version())
 
 
-def kernels_setting(explicit: int | None = None) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class KernelSetting:
+    """Kernel maps on: each node mapped to the Inductor kernel it ran in, and
+    ``profiled_calls`` calls per size profiled for the kernels' times (0: the map only)."""
+
+    profiled_calls: int
+
+
+def kernels_setting(explicit: int | None = None) -> KernelSetting | None:
     """Kernel maps and profiling: ``backend(kernels=N)``, else ``FXFLOPS_KERNELS``; None:
     off (nothing is captured, nothing changes on the call path)."""
-    return explicit if explicit is not None else config.KERNELS.get()
+    calls = explicit if explicit is not None else config.KERNELS.get()
+    return None if calls is None else KernelSetting(calls)
 
 
 def map_kernels(graph_plan: GraphPlan, record: GraphRecord,
@@ -94,15 +102,6 @@ def register_graph(graph_plan: GraphPlan, name: str, meta: dict[str, Any],
     if gm is not None:
         _dump(gm, record)
     return record
-
-
-def make_timer(device: str) -> CudaEventTimer | None:
-    """The clock for calls on ``device``: CUDA events on a GPU, None (the CPU clock) else."""
-    if device != "cuda":
-        return None
-    from fxflops.recording.cuda_events import CudaEventTimer
-
-    return CudaEventTimer()
 
 
 def _describe_process(graph_plan: GraphPlan) -> None:

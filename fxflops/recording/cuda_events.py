@@ -58,10 +58,6 @@ def _torch_cuda() -> Any:
     return torch.cuda
 
 
-class LockBusy(Exception):
-    """The clock's lock could not be taken in time (a signal handler interrupted its holder)."""
-
-
 class _Pending:
     """An eager pair in flight: read when its end event has completed."""
 
@@ -423,8 +419,9 @@ def clock(cuda: Any = None) -> CudaClock:
     return found
 
 
-class CudaEventTimer:
-    """A graph's (or a model runner's) handle on the process's clock."""
+class CudaEventClock:
+    """The CUDA-event ``Clock`` (``recording/clocks.py``): a graph's (or a model
+    runner's) handle on the process's ``CudaClock``."""
 
     __slots__ = ("clock",)
 

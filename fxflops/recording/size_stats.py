@@ -1,13 +1,23 @@
 """Per (graph, size) statistics with bounded memory, and what they mean.
 
-The hot path counts every call and times a sample of them (``wrap.hot_function``: every
-call at first, then one in ``FXFLOPS_SAMPLE_EVERY``); a sample is a sum and one slot of a
-fixed-size ring buffer. Medians and percentiles are computed when a report is made, never
-per call.
+The hot path counts every call and times a sample of them (``InstrumentedGraph``: every
+call at first, then one in ``FXFLOPS_SAMPLE_EVERY``: ``note``); a sample is a sum and one
+slot of a fixed-size ring buffer. Medians and percentiles are computed when a report is
+made, never per call.
+
+**Counts exact under threads.** A row's calls are numbered by a counter whose ``next()``
+is one C call (``itertools.count``): under the GIL no other thread runs inside it, so
+threads calling one graph at one size each get a number of their own and no call is lost,
+at about a tenth of what taking a lock costs (benchmarks/overhead.py). A free-threaded
+Python (3.13t, 3.14t) has no GIL to make that call atomic, and there the counter takes a
+lock (``LockedCount``; chosen at import, by ``sys._is_gil_enabled()``). Everything else a
+row holds (samples, bulk counts) is written under the row's lock.
 """
 
 from __future__ import annotations
 
+import itertools
+import sys
 import threading
 from array import array
 from statistics import median
@@ -19,14 +29,45 @@ if TYPE_CHECKING:
     from fxflops.cost.graph_cost import CostAt
 
 
+class LockedCount:
+    """``itertools.count``'s ``next()`` and ``repr``, under a lock: the call counter where
+    no GIL makes one C call atomic (a free-threaded Python)."""
+
+    __slots__ = ("_lock", "_next")
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __next__(self) -> int:
+        with self._lock:
+            n = self._next
+            self._next = n + 1
+        return n
+
+    def __repr__(self) -> str:
+        return f"count({self._next})"
+
+
+# the call counter rows use (``SizeStats.calls``)
+CallCounter: Any = itertools.count if getattr(sys, "_is_gil_enabled", lambda: True)() \
+    else LockedCount
+
+
+def taken(counter: Any) -> int:
+    """How many numbers ``counter`` (an ``itertools.count()`` or a ``LockedCount``) gave:
+    its next one, read from its ``repr`` (``count(n)``) without taking it."""
+    return int(repr(counter)[6:-1])
+
+
 class SizeStats:
     """Timings of one (graph, size): calls, samples taken, their sum, and the last
     ``WINDOW`` samples (ns)."""
 
-    __slots__ = ("key", "size", "cost", "count", "total_ns", "window", "cap", "timed", "lost",
+    __slots__ = ("key", "size", "cost", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "lock", "__weakref__")
+                 "due", "lock", "calls", "bulk", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -40,9 +81,13 @@ class SizeStats:
         self.key = key
         self.size = size
         self.cost = cost  # CostAt for this size (None for whole-forward rows)
-        self.count = 0  # calls made
+        # calls made, numbered as they are made (``count``): ``next(row.calls)`` counts one,
+        # exactly under threads; ``bulk``: calls counted many at a time (a CUDA graph's
+        # replays), under the lock
+        self.calls = CallCounter()
+        self.bulk = 0
         # the samples' sum, each times the calls it stands for: itself, or under the CPU
-        # clock's sampling itself and the calls after it left untimed (``hot_function``);
+        # clock's sampling itself and the calls after it left untimed (``note``);
         # it only grows (a Prometheus counter)
         self.total_ns = 0
         # preallocated once per size: adding a sample is one store, no growth, no branch
@@ -52,7 +97,7 @@ class SizeStats:
         # the CPU clock samples a size's calls, or while CUDA events have not been read
         # (they time a call after it was counted: ``add_late``)
         self.timed = 0
-        # the CPU clock's sampling (``wrap.hot_function``): a call is timed when ``count``
+        # the CPU clock's sampling (``note``): a call is timed when ``count``
         # has reached ``due``, which each sample moves on: to the next call during a size's
         # first calls, then to the next multiple of FXFLOPS_SAMPLE_EVERY (graphs of one
         # record share it: each sample stands for the calls until the one it made due)
@@ -80,27 +125,46 @@ class SizeStats:
         # the calls profiled per kernel (fxflops.recording.kernel_profile.KernelProfile), when asked
         self.kernel_profile: Any = None
 
+    @property
+    def count(self) -> int:
+        """The calls made."""
+        return taken(self.calls) + self.bulk
+
     def add(self, ns: int) -> None:
-        """A call that returned after ``ns``: its sample is in place before it is counted
-        (a reader never sees a call without its sample). The CPU-clock hot function's
-        ``note`` does this with the sample weighted by the calls it stands for, itself and
-        those until the next is due (``wrap.hot_function``)."""
+        """A call that returned after ``ns``, every call timed: its sample is in place
+        before it is counted (a reader never sees a call without its sample)."""
         with self.lock:
             self._sample(ns)
-            self.count += 1
+            next(self.calls)
+
+    def note(self, ns: int, n: int, first: int, every: int) -> None:
+        """The sample of call ``n`` (counted as it was made: ``next(row.calls)``), which
+        took ``ns``: the CPU clock's sampling, where a call is sampled when its number has
+        reached ``due``. The next call is due next while the size's ``first`` calls are
+        each timed, then at the next multiple of ``every``; ``total_ns`` has stood for the
+        calls before ``due`` so far, and this sample stands for those from there to the
+        new ``due`` (itself and the calls left untimed after it; where threads raced to
+        one due call, the first sample in takes the stretch and the others none)."""
+        with self.lock:
+            t = self.timed
+            self.window[t % self.cap] = ns
+            self.timed = t + 1
+            due = n + 1 if n + 1 < first else (n // every + 1) * every
+            if due > self.due:
+                self.total_ns += ns * (due - self.due)
+                self.due = due
 
     # --- calls timed later (CUDA events): counted when made, timed when read ----------
 
     def add_call(self) -> None:
         """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
-        with self.lock:
-            self.count += 1
+        next(self.calls)
 
     def add_calls(self, n: int) -> None:
         """``n`` calls made whose times arrive later, or never (a CUDA graph's replays,
         counted at a collection)."""
         with self.lock:
-            self.count += n
+            self.bulk += n
 
     def add_late(self, ns: int) -> None:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's

@@ -24,12 +24,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
 from fxflops.outputs.session import recorder
+from fxflops.recording.clocks import clock_for
 from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.util import warn_once
 
@@ -290,31 +290,12 @@ def end_step() -> None:
     _state.counts = _state.lengths = _state.layers = _state.config = None
 
 
-class _CpuClock:
-    """The CPU clock with ``CudaEventTimer``'s start/stop."""
-
-    @staticmethod
-    def start(row: Any) -> tuple[int, Any]:
-        return time.perf_counter_ns(), row
-
-    @staticmethod
-    def stop(token: tuple[int, Any]) -> None:
-        t0, row = token
-        row.add(time.perf_counter_ns() - t0)
-
-
-def token_row(token: Any) -> Any:
-    """The row a clock's token times (the CPU clock's tuple, a CUDA pair's ``row``)."""
-    return token[1] if isinstance(token, tuple) else token.row
-
-
 def clock_of(runner: Any) -> Any:
-    """The runner's clock: CUDA events on a GPU (made once per runner), else the CPU's."""
+    """The runner's clock (``recording/clocks.py``): CUDA events on a GPU (made once per
+    runner), else the CPU's."""
     timer = getattr(runner, "_fxflops_timer", None)
     if timer is None:
-        from fxflops.instrument.plan import make_timer
-
-        timer = make_timer(getattr(runner.device, "type", "cpu")) or _CpuClock()
+        timer = clock_for(getattr(runner.device, "type", "cpu"))
         runner._fxflops_timer = timer
     return timer
 
@@ -364,7 +345,7 @@ def _timed_forward(original: Any) -> Any:
             out = original(*args, **kwargs)
             if token is not None:
                 clock_of(named["self"]).stop(token)
-                forward_done(token_row(token))
+                forward_done(token.row)
             return out
         finally:
             end_step()
@@ -409,7 +390,7 @@ def _v2_execute_model(original: Any) -> Any:
             token = step.get("token") if step else None
             if token is not None:
                 clock_of(step["runner"]).stop(token)  # type: ignore[index]
-                forward_done(token_row(token))
+                forward_done(token.row)
             return out
         finally:
             _state.v2_step = None
