@@ -16,8 +16,8 @@ _LAZY = {
     "GraphCost": "fxflops.cost.graph_cost",
     "NodeCost": "fxflops.cost.graph_cost",
     "CostAt": "fxflops.cost.graph_cost",
-    # through analysis, which loads the built-in formulas first: a user's registration
-    # then always comes after the built-in ones
+    # (these and ``backend`` load every built-in formula first, the integrations' included:
+    # a user's registration then always comes after the built-in ones)
     "register_formula": "fxflops.cost.analysis",
     "register_zero_flop": "fxflops.cost.analysis",
     "register_bytes": "fxflops.cost.analysis",
@@ -48,12 +48,22 @@ if TYPE_CHECKING:
     from fxflops.report.files import load_report
 
 
+# the names that count with every built-in formula: the engine-neutral ones (``cost``) and
+# every integration's (``integrations.load_formulas``, which imports no engine)
+_WITH_EVERY_FORMULA = {"analyze", "backend", "register_formula", "register_zero_flop",
+                       "register_bytes", "register_io_bytes"}
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fxflops' has no attribute {name!r}")
     import importlib
 
+    if name in _WITH_EVERY_FORMULA:
+        from fxflops.integrations import load_formulas
+
+        load_formulas()
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -344,6 +344,7 @@ def test_analysis_logs_nothing_for_supported_models(caplog):
 def test_a_second_registration_of_an_op_fails_unless_it_says_override():
     """As torch's flop-counter registry: an op registered twice is refused, naming it; a
     user replaces a built-in formula on purpose with ``override=True``."""
+    import fxflops.integrations.vllm.formulas  # noqa: F401 (registers _C::onednn_mm's)
     from fxflops.cost.registry import FORMULAS, IO_BYTES, DuplicateRegistration
 
     original = FORMULAS["_C::onednn_mm"]

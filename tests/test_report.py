@@ -145,3 +145,33 @@ def test_row_numbers_are_finite_non_negative_and_bounded(value, message, tmp_pat
     path.write_text(json.dumps(data))  # the same through a file (NaN as Python writes it)
     with pytest.raises(ReportError, match="forward\\[0\\]: 'median_ms'"):
         load_report(path)
+
+
+def test_an_engines_estimate_is_sorted_into_fxflops_components_by_its_integration():
+    """vLLM's perf.py keys are the integration's business: it sorts them into fxflops'
+    components as it records a step (the report keeps the keys as they are), and gives the
+    reasons a component differs; the report knows only the components, and has a plain
+    reason where the engine gives none."""
+    from fxflops.integrations.vllm.engine_stats import WHY, components
+    from fxflops.recording.engine_stats import EngineStats
+    from fxflops.report.engine import _estimate_per_step, compare
+
+    breakdown = {"attn.qkv_proj": 10, "attn.attn_qk": 3, "attn.attn_av": 3,
+                 "ffn.routed_ffn": 20, "ffn.shared_ffn": 5, "unembed.unembed": 7}
+    assert components(breakdown) == {"rest": 15, "attention": 6, "moe": 20, "lm_head": 7}
+    row = EngineStats().estimate(8)
+    for _ in range(2):
+        row.add(8, sum(breakdown.values()), 0, 0, breakdown, components(breakdown))
+    row.add(8, 1, 0, 0, {"odd": 1}, {"odd": 1})  # a name that is no component: rest
+    assert row.by_key == {**{k: 2 * v for k, v in breakdown.items()}, "odd": 1}
+    assert row.by_component == {"rest": 31, "attention": 12, "moe": 40, "lm_head": 14}
+    estimate = _estimate_per_step(row)
+    assert estimate["attention"] == 4 and estimate["total"] == 97 / 3
+    measured = {"attention": 2.0, "moe": 40 / 3, "rest": 31 / 3, "padding": 0.0,
+                "lm_head": 0.0}
+    said = {d["component"]: d["why"] for d in compare(measured, estimate, WHY)["differs"]}
+    assert set(said) == {"attention", "lm_head"}
+    assert said["attention"].startswith("vLLM counts attention as every query")
+    plain = {d["component"]: d["why"] for d in compare(measured, estimate)["differs"]}
+    assert set(plain) == {"attention", "lm_head"}
+    assert not any("vLLM" in why for why in plain.values())

@@ -250,6 +250,7 @@ def test_flops_agree_with_vllm_perf_model(cold, tmp_path):
     # each new token sees its context and itself: 13 + 18 pairs
     import torch
 
+    import fxflops.integrations.vllm.formulas  # noqa: F401 (registers vLLM's formulas)
     from fxflops.cost.registry import formula_for
 
     ctx = ExecutionContext()

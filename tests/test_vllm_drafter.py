@@ -426,16 +426,16 @@ def test_the_layer_census_is_the_graphs_own_models():
             seen.append(hooks.COMPILING_TAG.get())
             return real(graph, inputs)
 
-        from fxflops.cost import layer_check
+        from fxflops.instrument import plan
 
-        layer_check.unregister_layer_source(layers.census_of_models)
-        layer_check.register_layer_source(spy)
+        plan.unregister_layer_source(layers.census_of_models)
+        plan.register_layer_source(spy)
         try:
             # (inputs that are no model's weights: the tag tells)
             hooks.instrument_piece(gm.forward, gm, [torch.randn(3, 8)], (1, 16), 0, 1,
                                    prefix="eagle_head")
         finally:
-            layer_check.unregister_layer_source(spy)
+            plan.unregister_layer_source(spy)
         assert seen == ["eagle_head"] and hooks.COMPILING_TAG.get() is None
     finally:
         layers.forget_models()

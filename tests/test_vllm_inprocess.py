@@ -48,6 +48,44 @@ def test_mode3_backend_name_becomes_instrumented_inductor(monkeypatch):
     assert getattr(CompilerManager.compile, "_fxflops", False)
 
 
+@pytest.mark.parametrize("how", ["FXFLOPS=1", "mode 0", "mode 1", "mode 2", "mode 3"])
+def test_vllm_formulas_are_registered_as_fxflops_switches_on(monkeypatch, how):
+    """However fxflops is switched on in a vLLM process (``FXFLOPS=1`` as vLLM loads the
+    plugin, or the backend name in a compilation config of any mode), vLLM's op formulas
+    are registered first: before the hooks through which vLLM's graphs, compiled or loaded
+    from its cache, reach the analysis. Switched off, nothing is registered."""
+    from vllm.config import CompilationConfig
+
+    from fxflops.cost.registry import formula_for
+    from fxflops.integrations.vllm import hooks, plugin
+
+    order: list[str] = []
+
+    def noted(name: str, fn):
+        def call():
+            order.append(name)
+            return fn()
+
+        return call
+
+    monkeypatch.setattr(plugin, "register_formulas", noted("formulas", plugin.register_formulas))
+    for name in ("install_mode2_backend", "install_piecewise_compiler"):
+        monkeypatch.setattr(hooks, name, noted(name, getattr(hooks, name)))
+    if how == "FXFLOPS=1":
+        monkeypatch.setenv("FXFLOPS", "1")
+        plugin.register()
+    else:
+        monkeypatch.delenv("FXFLOPS", raising=False)
+        plugin.register()
+        assert order == []  # off: nothing registered, nothing installed
+        CompilationConfig(mode=int(how.split()[1]), backend="fxflops")
+        monkeypatch.delenv("FXFLOPS")  # (switch_on set it for the processes vLLM starts)
+    assert order[0] == "formulas", order
+    assert {"install_mode2_backend", "install_piecewise_compiler"} <= set(order), order
+    assert formula_for("vllm::moe_forward") is not None
+    plugin.register_formulas()  # again: a module registers once, no duplicate refused
+
+
 def _silu_mm(x, w):
     return torch.nn.functional.silu(x @ w) * 2
 

@@ -60,7 +60,7 @@ def attention_runner(cache_dtype: str, layers: int = 2):
 def test_layer_costs_read_the_cache_in_its_dtype(cache_dtype):
     from pydantic import ValidationError
 
-    from fxflops.cost.formulas.vllm import attention_costs
+    from fxflops.integrations.vllm.formulas.ops import attention_costs
 
     try:
         runner = attention_runner(cache_dtype, layers=1)

@@ -45,8 +45,8 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory
     from vllm.v1.metrics.perf import ExecutionContext, FfnMetrics
 
-    from fxflops.cost.formulas.vllm import moe_dims
     from fxflops.integrations.vllm import forward
+    from fxflops.integrations.vllm.formulas.ops import moe_dims
     from fxflops.recording.runtime_costs import charge_runtime
     from fxflops.recording.size_stats import SizeStats
 

@@ -9,7 +9,8 @@ one of (``fxflops.cost.registry.classify``):
 
 - costed: a formula counts it;
 - inside: a kernel that runs only inside an op the graph holds, which counts it;
-- zero: in a model's forward, no FLOPs by design (``fxflops.vllm_op_classes``);
+- zero: in a model's forward, no FLOPs by design
+  (``fxflops.integrations.vllm.formulas.op_classes``);
 - not_compute: never in a forward graph (set-up, queries, the sampler);
 - uncostable: known, and not costable from what a graph holds (a short list, each with its
   reason: the known gaps).
@@ -29,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from fxflops.cost import analysis  # noqa: F401 (registers every built-in formula and class)
+import fxflops.cost.formulas  # noqa: F401 (registers the engine-neutral built-in formulas)
+import fxflops.integrations.vllm.formulas  # noqa: F401 (registers vLLM's formulas and classes)
 from fxflops.cost.registry import INSIDE_OPS, UNCOSTABLE_OPS, classify, formula_for
 from tests import procs
 

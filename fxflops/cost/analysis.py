@@ -36,7 +36,7 @@ from fxflops.cost.graph_cost import (
     to_count,
     total,
 )
-from fxflops.cost.layer_check import check_layers
+from fxflops.cost.layer_check import Layers, check_layers
 from fxflops.cost.registry import (  # noqa: F401 (fxflops.register_*: after the built-ins)
     register_bytes,
     register_formula,
@@ -166,9 +166,11 @@ class CostAnalysis:
     """Walks a graph once; ``run()`` fills ``node.meta["fxflops"]`` and returns a GraphCost."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
-                 backward: bool = False):
+                 backward: bool = False, layers: Layers = ()):
         self.gm = gm
         self.example_inputs = example_inputs
+        # the layers of the model(s) the graph is of, for the safety net (the caller's)
+        self.layers = layers
         # a backward graph of AOTAutograd: its nodes copied from the forward are recomputed
         self.backward = backward
         self.fake_mode: Any = None
@@ -216,8 +218,7 @@ class CostAnalysis:
                 node.meta["fxflops"] = cost
                 nodes.append(cost)
             # the safety net: layers whose counted FLOPs fall short of their sizes
-            layers = check_layers(self.gm, {c.name: c for c in nodes},
-                                  example_inputs=self.example_inputs)
+            layers = check_layers(self.gm, {c.name: c for c in nodes}, self.layers)
         for cost in nodes:
             for op in cost.uncounted:
                 uncounted[op] += 1
@@ -428,24 +429,34 @@ def _unwrap_overload(target: Any) -> Any:
     return target
 
 
+# the code that turns a graph into costs besides the formulas: this pass, the cost types,
+# the binder, the registry, the layer check and the builders tables are made of
 _COST_MODULES = (
     __name__, "fxflops.cost.graph_cost", "fxflops.cost.binder", "fxflops.cost.registry",
-    "fxflops.cost.layer_check", *(f"fxflops.cost.formulas.{m}" for m in (
-        "aten", "builders", "mhc", "ssm", "vllm", "vllm_gpu", "vllm_kernels", "vllm_op_classes")))
+    "fxflops.cost.layer_check", "fxflops.cost.formulas.builders")
 
 
-@functools.lru_cache(maxsize=1)
 def analysis_version() -> str:
     """A hash of the code that turns a graph into costs: an artifact analysed by other code
-    (an AOT artifact from vLLM's cache, written before an upgrade) carries stale costs."""
+    (an AOT artifact from a compile cache, written before an upgrade) carries stale costs.
+    That code is the cost model's own and every module whose formulas are registered now
+    (the built-in ones, an integration's, a user's): an integration registers its formulas
+    before it compiles or loads anything."""
+    return _version(registry.formula_modules())
+
+
+@functools.lru_cache(maxsize=8)
+def _version(formula_modules: tuple[str, ...]) -> str:
     import hashlib
     import importlib
+    import sys
 
-    # the code a plan's costs were made by: this pass, the cost types, the binder, the
-    # registry, the layer check and every formula module
     digest = hashlib.sha1()
     for name in _COST_MODULES:
         digest.update(_code_of(importlib.import_module(name)))
+    for name in formula_modules:
+        module = sys.modules.get(name)
+        digest.update(_code_of(module) if module is not None else name.encode())
     return digest.hexdigest()[:12]
 
 
@@ -464,12 +475,14 @@ def _code_of(module: Any) -> bytes:
 
 
 def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
-            backward: bool = False) -> GraphCost:
+            backward: bool = False, layers: Layers = ()) -> GraphCost:
     """Annotate every node of ``gm`` with ``node.meta["fxflops"]`` and return the totals.
 
     Uses the graph's fake-tensor metadata (``meta["val"]`` / ``meta["example_value"]``);
     graphs without it need ``example_inputs`` (real or fake tensors), from which shapes are
     propagated on fake tensors. ``backward``: ``gm`` is an AOTAutograd backward graph, whose
-    nodes copied from the forward count as recomputation.
+    nodes copied from the forward count as recomputation. ``layers``: the layers of the
+    model(s) ``gm`` is a graph of (``layer_check.LayerSpec``\\ s by module path), checked
+    against their sizes (none: nothing checked).
     """
-    return CostAnalysis(gm, example_inputs, backward).run()
+    return CostAnalysis(gm, example_inputs, backward, layers).run()

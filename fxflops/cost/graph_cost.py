@@ -82,7 +82,8 @@ class NodeCost:
     # a forward node a backward graph runs again (activation checkpointing, or the
     # partitioner recomputing cheap ops): hardware FLOPs, not model FLOPs
     recomputed: bool = False
-    # counted from its layer's sizes (fxflops.layers): why, and the ops no formula counted
+    # counted from its layer's sizes (fxflops.cost.layer_check): why, and the ops no
+    # formula counted
     estimated: str | None = None
     estimated_ops: tuple[str, ...] = ()
 
@@ -94,7 +95,7 @@ class NodeCost:
 @dataclasses.dataclass
 class EstimatedLayer:
     """A layer counted from its sizes: the matmul FLOPs its nodes were counted fell short
-    of what its sizes imply (``fxflops.layers``)."""
+    of what its sizes imply (``fxflops.cost.layer_check``)."""
 
     layer: str  # module path
     type_name: str
@@ -163,7 +164,8 @@ class GraphCost:
     binder: SizeBinder | None = None
     recomputed_flops: Count = 0
     recomputed_matmul_flops: Count = 0
-    # layers checked against their own sizes, and those counted from them (fxflops.layers)
+    # layers checked against their own sizes, and those counted from them
+    # (fxflops.cost.layer_check)
     layers_checked: int = 0
     estimated: list[EstimatedLayer] = dataclasses.field(default_factory=list)
 

@@ -1,23 +1,24 @@
 """The layer safety net: counts that do not depend on knowing every kernel's name.
 
 A formula is found by an op's name, and the kernel a layer calls depends on the machine
-(vLLM routes one linear to oneDNN, SGL or zentorch by CPU; each quantisation scheme to its
-own GEMM on a GPU). A layer, though, knows its own sizes: a linear layer its input and
-output features, a mixture of experts its experts, top-k and sizes, an attention layer its
-heads. An integration that can see the model's layers describes them as
-:class:`LayerSpec`\\ s (``register_layer_source``), keyed by module path; the analysis then
-checks every layer that has nodes in the graph (nodes carry the module they came from,
-``nn_module_stack``): when the matmul FLOPs its nodes were counted fall short of what its
-sizes imply, because an op is unknown or a formula is wrong, the shortfall is counted on
-the layer's node, marked *estimated*, and the layer and op are named in the graph's cost
-(and from there in the report, the CLI and the metrics). An unknown kernel then costs a
-visible warning, never a silent -94%.
+(a serving engine routes one linear to one CPU library or another by CPU, each quantisation
+scheme to its own GEMM on a GPU). A layer, though, knows its own sizes: a linear layer its
+input and output features, a mixture of experts its experts, top-k and sizes, an attention
+layer its heads. An integration that can see the model's layers describes them as
+:class:`LayerSpec`\\ s, keyed by module path, and the analysis's caller hands them in
+(``analysis.analyze(layers=...)``; the backend asks its layer sources,
+``fxflops.instrument.plan``); the analysis then checks every layer that has nodes in the
+graph (nodes carry the module they came from, ``nn_module_stack``): when the matmul FLOPs
+its nodes were counted fall short of what its sizes imply, because an op is unknown or a
+formula is wrong, the shortfall is counted on the layer's node, marked *estimated*, and
+the layer and op are named in the graph's cost (and from there in the report, the CLI and
+the metrics). An unknown kernel then costs a visible warning, never a silent -94%.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import sympy
@@ -77,39 +78,10 @@ class LayerSpec:
         return 0
 
 
-# --- where layer specs come from --------------------------------------------------------
-
-LayerSource = Callable[[torch.fx.GraphModule, Sequence[Any] | None],
-                       Iterable[Mapping[str, LayerSpec]]]
-# integrations that can see a model's layers (the vLLM plugin): each is asked, per graph
-# (with its example inputs), for one mapping {module path: spec} per model the graph is of
-# (the paths of two models, a speculative decoder's drafter and its target, are the same:
-# a graph is checked against its own model's layers only)
-_SOURCES: list[LayerSource] = []
-
-
-def register_layer_source(source: LayerSource) -> None:
-    """Add a source of layer specs (idempotent for the same callable)."""
-    if source not in _SOURCES:
-        _SOURCES.append(source)
-
-
-def unregister_layer_source(source: LayerSource) -> None:
-    if source in _SOURCES:
-        _SOURCES.remove(source)
-
-
-def current_layers(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None
-                   ) -> list[Mapping[str, LayerSpec]]:
-    """The layers of the model(s) ``gm`` is a graph of, from every source."""
-    found: list[Mapping[str, LayerSpec]] = []
-    for source in list(_SOURCES):
-        try:
-            found.extend(source(gm, example_inputs))
-        except Exception as e:  # a broken source must not stop the analysis
-            warn_once(f"layer-source:{source!r}", "fxflops: no layer sizes from %r (%s: %s)",
-                      source, type(e).__name__, e)
-    return found
+# what a caller that can see a model's layers hands the check: one mapping {module path:
+# spec} per model a graph may be of (the paths of two models, a speculative decoder's
+# drafter and its target, are the same: a graph is checked against its own model's only)
+Layers = Sequence[Mapping[str, LayerSpec]]
 
 
 def type_name(t: Any) -> str:
@@ -135,8 +107,7 @@ def _stack(node: torch.fx.Node) -> list[tuple[str, Any]]:
     return [(clean_module_path(str(path)), t) for path, t in stack.values()]
 
 
-def _match(node: torch.fx.Node, specs: list[Mapping[str, LayerSpec]]
-           ) -> tuple[str, LayerSpec] | None:
+def _match(node: torch.fx.Node, specs: Layers) -> tuple[str, LayerSpec] | None:
     """The innermost module on the node's stack that a spec describes (same path and type)."""
     for path, t in reversed(_stack(node)):
         name = type_name(t)
@@ -168,8 +139,8 @@ def _tokens(spec: LayerSpec, nodes: list[torch.fx.Node]) -> Count | None:
 
 
 def _is_weight(node: torch.fx.Node) -> bool:
-    """A parameter or buffer: held by the graph (``get_attr``, as vLLM's graphs hold
-    weights) or lifted to an input by Dynamo (``l_self_..._parameters_weight_``)."""
+    """A parameter or buffer: held by the graph (``get_attr``, as a serving engine's graphs
+    may hold weights) or lifted to an input by Dynamo (``l_self_..._parameters_weight_``)."""
     from fxflops.cost.binder import is_parameter_name
 
     return node.op == "get_attr" or (node.op == "placeholder" and is_parameter_name(
@@ -205,13 +176,11 @@ def _short(expected: Count, counted: Count) -> bool:
 
 
 def check_layers(gm: torch.fx.GraphModule, costs: Mapping[str, NodeCost],
-                 specs: list[Mapping[str, LayerSpec]] | None = None,
-                 example_inputs: Sequence[Any] | None = None) -> LayerCheck:
+                 specs: Layers = ()) -> LayerCheck:
     """Check every described layer that has nodes in ``gm`` against its sizes; count a
     shortfall on the layer's node (``NodeCost.estimated``). ``costs``: node name -> cost
-    (changed in place). ``specs``: the layers of ``gm``'s model (by default, what the
-    sources say of ``gm`` and its ``example_inputs``)."""
-    specs = current_layers(gm, example_inputs) if specs is None else specs
+    (changed in place). ``specs``: the layers of ``gm``'s model, from the caller (none:
+    nothing is checked)."""
     result = LayerCheck()
     if not specs:
         return result

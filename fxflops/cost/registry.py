@@ -1,10 +1,11 @@
 """The formula registry: ``op name -> Formula``, the zero-FLOP set, byte overrides.
 
 Modelled on ``torch/utils/flop_counter.py``'s ``register_flop_formula``. Ops are keyed by
-their qualified name (``"aten::mm"``, ``"_C::onednn_mm"``) so that formulas for libraries
-that are not imported (vLLM) can be registered without importing them. The built-in
-formulas live in ``fxflops.cost.formulas`` (one module per source of ops), registered by
-importing that package. As torch's registry does, a second registration of an op fails
+their qualified name (``"aten::mm"``, ``"mylib::gemm"``) so that formulas for libraries
+that are not imported can be registered without importing them. The engine-neutral
+built-in formulas live in ``fxflops.cost.formulas``, registered by importing that package;
+an integration registers its engine's ops' formulas itself, the same way (vLLM's:
+``fxflops.integrations.vllm.formulas``). As torch's registry does, a second registration of an op fails
 (``override=True`` replaces on purpose: a user's formula for an op fxflops already costs).
 """
 
@@ -28,8 +29,8 @@ class Formula:
 
     fn: Callable[..., Any]
     kind: FlopKind
-    # Ops whose FLOPs depend on run-time state (vLLM attention: KV lengths) are counted
-    # per call by an integration; the static formula only counts what shapes tell.
+    # Ops whose FLOPs depend on run-time state (a serving engine's attention: KV lengths)
+    # are counted per call by an integration; the static formula only counts what shapes tell.
     runtime: str | None = None
     named: bool = False
 
@@ -55,9 +56,9 @@ ZERO_FLOP_OPS: set[str] = set()
 # kernel handles), capability queries, memory and process management, the sampler's and
 # speculative decoding's helpers. Zero FLOPs should one ever appear in a graph.
 NOT_COMPUTE_OPS: set[str] = set()
-# Kernels that run only inside another op a graph holds (the attention backend's kernels
-# inside ``vllm::unified_attention_with_output``, a MoE backend's inside
-# ``vllm::moe_forward``): counted by that op's formula. kernel -> the op that calls it.
+# Kernels that run only inside another op a graph holds (an attention backend's kernels
+# inside a serving engine's attention op, a MoE backend's inside its MoE op): counted by
+# that op's formula. kernel -> the op that calls it.
 INSIDE_OPS: dict[str, str] = {}
 # Ops known and not costable from what a graph holds: op -> why. Their nodes stay
 # "uncounted" (and the layer safety net may count their layer from its sizes); the audit
@@ -236,6 +237,17 @@ def out_of_place(name: str) -> str:
 
 def formula_for(name: str) -> Formula | None:
     return FORMULAS.get(name) or FORMULAS.get(out_of_place(name))
+
+
+def formula_modules() -> tuple[str, ...]:
+    """The modules whose functions the tables hold (a formula, a bytes or graph-input
+    bytes function; a table formula made by a builder is the builder's module's, and a
+    table module with any function of its own is named by it), sorted: the code the costs
+    of a graph analysed now come from, beside the analysis's own."""
+    functions = [*(f.fn for f in FORMULAS.values()), *BYTES_FORMULAS.values(),
+                 *IO_BYTES.values()]
+    return tuple(sorted({m for m in (getattr(fn, "__module__", None) for fn in functions)
+                         if isinstance(m, str)}))
 
 
 def is_zero_flop(target: Any) -> bool:

@@ -1,0 +1,17 @@
+"""fxflops inside the serving engines that compile graphs for it: ``vllm`` (its plugin,
+hooks, op formulas, forward and drafter clocks). Everything that knows an engine lives in
+its folder here; the layers below know engine-neutral concepts only.
+
+:func:`load_formulas` registers every integration's op formulas, importing none of the
+engines (a formula names its ops by their qualified names): what the public API does
+before it analyses, compiles or registers anything (``fxflops.analyze``,
+``fxflops.backend``, ``fxflops.register_*``), so that a user's formula always comes after
+the built-in ones. Inside an engine, its plugin registers them as it switches fxflops on.
+"""
+
+from __future__ import annotations
+
+
+def load_formulas() -> None:
+    """Register every integration's op formulas (idempotent: a module registers once)."""
+    import fxflops.integrations.vllm.formulas  # noqa: F401 (imported for its registrations)

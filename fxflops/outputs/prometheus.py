@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
 from fxflops.report.build import forward_figures_of
-from fxflops.report.engine import COMPONENTS, component_of, estimate_comparison
+from fxflops.report.engine import COMPONENTS, estimate_comparison
 from fxflops.report.figures import sorted_rows
 from fxflops.report.peaks import process_peak
 from fxflops.util import stop_signals_blocked, warn_once
@@ -150,8 +150,8 @@ def _engine_samples(rec: Recorder, where: tuple[tuple[str, str], ...]) -> list[S
     if estimates:
         parts = dict.fromkeys(COMPONENTS, 0)
         for r in estimates:
-            for key, value in r.by_component.items():
-                parts[component_of(key)] += value
+            for component, value in r.by_component.items():
+                parts[component] += value
         for component, value in parts.items():
             out.append(Sample("counter", "fxflops_vllm_estimated_flops",
                               "fxflops: vLLM's own estimate of the steps' FLOPs per GPU "

@@ -1,24 +1,25 @@
-"""The engine's own figures beside the measured ones: vLLM's analytic estimate of each step
-(``--enable-mfu-metrics``) against the FLOPs of the graphs that ran, component by
+"""The engine's own figures beside the measured ones: a serving engine's analytic estimate
+of each step (its own MFU metrics) against the FLOPs of the graphs that ran, component by
 component; speculative decoding's drafts, acceptances and the target FLOPs the rejected
 drafts cost.
 
 The estimate is kept per forward size (the worker evaluates it on the step it runs, beside
 the forward's row), so each forward row has its own, step for step; a forward padded up to
-a CUDA-graph size shows the padded tokens' share as ``padding``. vLLM's keys are grouped
-into what fxflops can tell apart in a graph:
+a CUDA-graph size shows the padded tokens' share as ``padding``. The integration that
+records the estimate sorts the engine's own breakdown into fxflops' components
+(``recording.engine_stats.COMPONENTS``), what fxflops can tell apart in a graph:
 
-- ``attention``: the two products over (query, key) pairs (``*.attn_qk``, ``*.attn_av``),
-  which fxflops counts at run time from the real lengths, causally;
-- ``moe``: the routed experts (``ffn.routed_ffn``), in the graph the MoE ops' FLOPs (with
-  the tokens other data-parallel ranks send them; a ``moe_forward_shared`` op's shared
-  experts are in it too, where vLLM has them in ``rest``);
-- ``lm_head``: ``unembed.*``, which runs outside vLLM's compiled graphs;
+- ``attention``: the two products over (query, key) pairs, which fxflops counts at run
+  time from the real lengths, causally;
+- ``moe``: the routed experts, in the graph the MoE ops' FLOPs (with the tokens other
+  data-parallel ranks send them; an op that runs the shared experts beside the routed ones
+  counts them too);
+- ``lm_head``: the unembedding, which runs outside the compiled graphs;
 - ``rest``: the projections and the dense and shared FFNs.
 
 The headline ratio is measured over estimated with the LM head aside (the graphs cannot
 hold it); a component that differs by more than ``TOLERANCE`` of that is named with the
-likely reason.
+likely reason (the engine's own, as its integration gives it, else a plain one).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import evaluate
+from fxflops.recording.engine_stats import COMPONENTS
 from fxflops.report.figures import forward_graphs
 
 if TYPE_CHECKING:
@@ -36,33 +38,22 @@ if TYPE_CHECKING:
 # measured against estimated, per component and for the whole: a difference above this
 # share of the estimate (LM head aside) is named
 TOLERANCE = 0.01
-COMPONENTS = ("attention", "moe", "rest", "padding", "lm_head")
+# why a component may differ, where the engine's integration says nothing more precise
 WHY = {
-    "attention": "vLLM counts attention as every query against its whole context (prefill "
-                 "and verified drafts too); fxflops counts the causal pairs",
+    "attention": "the estimate counts attention otherwise (every query against its whole "
+                 "context, say); fxflops counts the causal pairs",
     "moe": "the experts' FLOPs differ (gathered or routed tokens, expert sizes)",
     "rest": "the projections or dense FFNs differ (layers the estimate does not model, or "
             "a graph that holds more or less than the model)",
-    "padding": "the forwards ran padded up to a CUDA-graph size; vLLM estimates the "
+    "padding": "the forwards ran padded up to a CUDA-graph size; the estimate counts the "
                "scheduled tokens",
-    "lm_head": "vLLM counts the LM head, which runs outside the compiled graphs",
+    "lm_head": "the estimate counts the LM head, which runs outside the compiled graphs",
 }
 
 
-def component_of(key: str) -> str:
-    """The group of one of vLLM's breakdown keys (``"attn.attn_qk"``, ``"unembed.unembed"``)."""
-    if key.startswith("unembed"):
-        return "lm_head"
-    if key.endswith(("attn_qk", "attn_av")):
-        return "attention"
-    if key.endswith("routed_ffn"):
-        return "moe"
-    return "rest"
-
-
 def is_moe_op(op: str) -> bool:
-    """An op that runs a mixture of experts (vLLM's ``moe_forward``, ``_C::cpu_fused_moe``,
-    ``_C::fused_experts_cpu``, ...)."""
+    """An op that runs a mixture of experts: its name says MoE or experts (``moe_forward``,
+    ``fused_moe``, ``fused_experts``, ...)."""
     name = op.lower()
     return "moe" in name or "experts" in name
 
@@ -94,17 +85,21 @@ def _moe_flops_at(rec: Recorder, size: Any) -> int:
 
 def _estimate_per_step(row: EstimateRow) -> dict[str, float]:
     parts = dict.fromkeys(COMPONENTS, 0.0)
-    for key, value in row.by_component.items():
-        parts[component_of(key)] += value / row.steps
+    for component, value in row.by_component.items():
+        parts[component] += value / row.steps
     parts["total"] = row.flops / row.steps
     return parts
 
 
-def compare(measured: dict[str, float], estimate: dict[str, float]) -> dict[str, Any]:
-    """Ratio (LM head aside) and the components that differ, with why."""
+def compare(measured: dict[str, float], estimate: dict[str, float],
+            why: dict[str, str] | None = None) -> dict[str, Any]:
+    """Ratio (LM head aside) and the components that differ, with why (``why``: the
+    engine's reasons, by component; ``WHY`` where it gives none)."""
+    reasons = {**WHY, **(why or {})}
     body = estimate["total"] - estimate["lm_head"]
     total = sum(measured[k] for k in COMPONENTS)
-    differs = [{"component": k, "measured": measured[k], "estimate": estimate[k], "why": WHY[k]}
+    differs = [{"component": k, "measured": measured[k], "estimate": estimate[k],
+                "why": reasons[k]}
                for k in COMPONENTS
                if abs(measured[k] - estimate[k]) > TOLERANCE * max(body, 1.0)]
     return {"ratio": total / body if body > 0 else None,
@@ -145,7 +140,7 @@ def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[di
         measured = measured_components(rec, fig)
         out.append({"size": fig["size"], "steps": fig["calls"], "estimate_steps": row.steps,
                     "measured": measured, "estimate": estimate,
-                    **compare(measured, estimate)})
+                    **compare(measured, estimate, rec.engine.why)})
         for k in COMPONENTS:
             measured_sum[k] += measured[k] * fig["calls"]
             estimate_sum[k] += estimate[k] * row.steps
@@ -157,7 +152,7 @@ def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[di
         estimate = {k: v / estimate_steps for k, v in estimate_sum.items()}
         out.append({"size": "all", "steps": steps, "estimate_steps": estimate_steps,
                     "measured": measured, "estimate": estimate,
-                    **compare(measured, estimate)})
+                    **compare(measured, estimate, rec.engine.why)})
     return out
 
 
@@ -193,7 +188,8 @@ def engine_section(rec: Recorder, forward: list[dict[str, Any]]) -> dict[str, An
         out["estimate"] = [{"size": r.size, "steps": r.steps,
                             "scheduled_tokens": r.scheduled_tokens, "flops": r.flops,
                             "read_bytes": r.read_bytes, "write_bytes": r.write_bytes,
-                            "components": dict(sorted(r.by_component.items()))}
+                            # the engine's own breakdown, by its own keys
+                            "components": dict(sorted(r.by_key.items()))}
                            for r in estimates]
         out["estimate_vs_measured"] = estimate_comparison(rec, forward)
     if spec is not None:

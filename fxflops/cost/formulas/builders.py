@@ -6,7 +6,9 @@ attention kernel. Each builder here returns a ``named`` formula (``registry``: t
 arguments by schema name, its return value as ``"out"``) for one layout, so that a table
 line says *where* an op's sizes are and the arithmetic is written once:
 
-    "vllm::fp8_gemm_nt_op": gemm("q_input", n=dim("weight", 0)),
+    "mylib::fp8_gemm": (gemm("q_input", n=dim("weight", 0)), "matmul"),
+
+(an integration's tables are made of these: ``fxflops.integrations.vllm.formulas``).
 
 A size is a :data:`Size`: a callable of the arguments (``dim``, ``numel``, ``arg``,
 ``const``), so anything a table needs can be said without a new builder.
@@ -29,10 +31,6 @@ Builder = Callable[[Named], Any]
 
 
 SOFTMAX = 5  # max, subtract, exp, sum, divide: docs/conventions.md's softmax
-# the graph ops whose formulas count the kernels that run inside them (``register_inside``)
-ATTENTION_OP = "vllm::unified_attention_with_output"
-MLA_OP = "vllm::unified_mla_attention_with_output"
-MOE_OP = "vllm::moe_forward"
 
 
 def tensor(named: Named, name: str) -> Any:
@@ -150,7 +148,8 @@ def fused_moe(hidden: str, topk: str, inter: Size, gated: bool = True,
 def attention(query: str, out: str | None = None, key_heads: Size | None = None) -> Builder:
     """An attention kernel (table kind ``"attention"``): FLOPs per (query, key) pair from
     the query's shape ``[T, H, D]`` (QK^T: ``H·D``) and the output's (PV: ``H·D_v``),
-    counted per call from the step's KV lengths like ``vllm::unified_attention_with_output``.
+    counted per call from the step's KV lengths, as an engine's attention op is (the
+    integration that knows the lengths charges it: ``RuntimeCost``).
     KV-cache bytes per context token: K and V of ``key_heads`` heads, when known."""
 
     def formula(named: Named) -> RuntimeCost:

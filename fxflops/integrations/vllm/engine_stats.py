@@ -6,7 +6,9 @@
   (``v1/metrics/perf.py``). The worker evaluates the same ``ModelMetrics`` of its own
   config on the step it runs, from the lengths fxflops already reads for attention: the
   same per-GPU figures vLLM exports as ``vllm:estimated_flops_per_gpu_total`` and its byte
-  counters, step for step beside the measured forward. Only when the user turned the
+  counters, step for step beside the measured forward, by perf.py's own breakdown keys and
+  sorted into fxflops' components (``component_of``: ``attn.attn_qk`` is attention,
+  ``ffn.routed_ffn`` the MoE, ``unembed.*`` the LM head). Only when the user turned the
   metrics on (a few Python calls per step in the worker, before the forward). A request
   counts as prefill when it has more than one token this step or none cached: vLLM's rule
   (new requests are prefill, others when they have more than one token) read off the
@@ -32,6 +34,40 @@ from typing import Any
 from fxflops.integrations.vllm.hooks import _patch, passthrough
 from fxflops.outputs.session import recorder
 from fxflops.util import warn_once
+
+# why vLLM's estimate may differ from the measured FLOPs, by fxflops component (perf.py's
+# conventions), where the report's plain reason (``fxflops.report.engine.WHY``) says less
+WHY = {
+    "attention": "vLLM counts attention as every query against its whole context (prefill "
+                 "and verified drafts too); fxflops counts the causal pairs",
+    "padding": "the forwards ran padded up to a CUDA-graph size; vLLM estimates the "
+               "scheduled tokens",
+    "lm_head": "vLLM counts the LM head, which runs outside the compiled graphs",
+}
+
+
+def component_of(key: str) -> str:
+    """fxflops' component (``fxflops.recording.engine_stats.COMPONENTS``) of one of
+    perf.py's breakdown keys: the pair products (``"attn.attn_qk"``, ``"attn.attn_av"``,
+    MLA's too) are ``attention``, the routed experts (``"ffn.routed_ffn"``) ``moe``, the
+    unembedding (``"unembed.unembed"``) ``lm_head``; the projections and the dense and
+    shared FFNs ``rest``."""
+    if key.startswith("unembed"):
+        return "lm_head"
+    if key.endswith(("attn_qk", "attn_av")):
+        return "attention"
+    if key.endswith("routed_ffn"):
+        return "moe"
+    return "rest"
+
+
+def components(breakdown: dict[str, int]) -> dict[str, int]:
+    """perf.py's FLOPs breakdown in fxflops' components."""
+    out: dict[str, int] = {}
+    for key, value in breakdown.items():
+        component = component_of(key)
+        out[component] = out.get(component, 0) + value
+    return out
 
 
 def _perf_model(runner: Any) -> Any:
@@ -78,8 +114,11 @@ def estimate_step(runner: Any, size: int, query_lens: Any, context_lens: Any) ->
         warn_once("vllm-estimate-step", "fxflops: vLLM's own estimate not read (%s: %s)",
                   type(e).__name__, e)
         return
-    recorder().engine.estimate(size).add(tokens, sum(flops.values()), read, write,
-                                         {str(k): int(v) for k, v in flops.items()})
+    breakdown = {str(k): int(v) for k, v in flops.items()}
+    engine = recorder().engine
+    engine.why = WHY
+    engine.estimate(size).add(tokens, sum(flops.values()), read, write, breakdown,
+                              components(breakdown))
 
 
 def _proposed(scheduler_output: Any) -> dict[str, int] | None:

@@ -104,7 +104,7 @@ def layer_cache_bytes(layer: str | None) -> int | None:
     """Bytes a context token of ``layer`` takes in its KV cache (the cache's dtype and
     packing), from the layer of the current step's runner; None: not known here (the
     graph's own count, in the model's dtype, stands)."""
-    from fxflops.cost.formulas.vllm import kv_cache_bytes_per_token
+    from fxflops.integrations.vllm.formulas.ops import kv_cache_bytes_per_token
 
     layers = getattr(_state, "layers", None)
     if layer is None or layers is None:
@@ -132,10 +132,10 @@ def attention_terms(vllm_config: Any, dtype: Any, keep: Callable[[str, Any], boo
     """("attention", layer name, FLOPs per pair, KV bytes per context token) of the
     attention layers of this rank's forward context that ``keep(name, layer)``, read off
     the layers themselves (whole-forward rows: attention runs outside piecewise graphs);
-    the arithmetic is ``formulas_vllm``'s."""
+    the arithmetic is ``formulas.ops``'."""
     import torch
 
-    from fxflops.cost.formulas.vllm import attention_costs
+    from fxflops.integrations.vllm.formulas.ops import attention_costs
 
     layers = vllm_config.compilation_config.static_forward_context
     elem = torch.empty((), dtype=dtype).element_size()
@@ -181,7 +181,7 @@ def _other_ranks_tokens() -> tuple[int, int] | None:
 def install_attention_coster() -> None:
     """The run-time costers a step feeds: attention (pairs and KV tokens, per window) and
     a MoE's tokens from the other data-parallel ranks."""
-    from fxflops.cost.formulas.vllm import DP_TOKENS
+    from fxflops.integrations.vllm.formulas.ops import DP_TOKENS
 
     attention = coster("attention")
     attention.counts = current_counts
@@ -240,7 +240,7 @@ def moe_dp_terms() -> list[tuple[str, str | None, Any, Any]]:
     """The forward's MoE layers that take tokens from other data-parallel ranks (their
     graphs' run-time terms, each layer once: a model compiled per size range holds it in
     each range's graph); a drafter's are not the forward's."""
-    from fxflops.cost.formulas.vllm import DP_TOKENS
+    from fxflops.integrations.vllm.formulas.ops import DP_TOKENS
 
     terms: dict[Any, tuple[str, str | None, Any, Any]] = {}
     for g in recorder().graphs_snapshot():

@@ -2,16 +2,16 @@
 
 Every model vLLM compiles passes through ``TorchCompileWithNoGuardsWrapper.__init__`` once
 it is built (``vllm/compilation/wrapper.py``; mode 2 and mode 3 alike): the plugin keeps a
-weak reference to it there (``note_model``), and when a graph of it is analysed the census
-describes its layers (``fxflops.cost.layer_check.LayerSpec``), keyed by module path as the graph's
-``nn_module_stack`` names them:
+weak reference to it there (``note_model``, kept in ``models``), and when a graph of it is
+analysed the census describes its layers (``fxflops.cost.layer_check.LayerSpec``), keyed by
+module path as the graph's ``nn_module_stack`` names them:
 
 - linear layers (``LinearBase``: column/row-parallel, QKV, merged, replicated; quantised
   or not): this rank's ``input_size_per_partition`` x ``output_size_per_partition``;
 - mixtures of experts (``MoERunner``, or an older ``FusedMoE``): top-k, experts on this
   rank and in all, hidden size, intermediate size per partition, gated or not;
 - attention layers (standard and MLA): FLOPs per (query, key) pair and KV-cache bytes per
-  context token (``formulas_vllm``'s arithmetic, the one place it lives).
+  context token (``formulas.ops``' arithmetic, the one place it lives).
 
 The census never imports anything vLLM does not already have loaded, and is made once per
 model (the sizes do not change after construction).
@@ -25,78 +25,43 @@ from typing import Any
 
 import torch
 
-from fxflops.cost.formulas.vllm import LAYER_LOOKUPS, attention_costs, moe_dims
-from fxflops.cost.layer_check import (
-    LayerSpec,
-    register_layer_source,
-    type_name,
-    unregister_layer_source,
-)
+from fxflops.cost.layer_check import LayerSpec, type_name
+from fxflops.instrument.plan import register_layer_source, unregister_layer_source
+from fxflops.integrations.vllm import models
+from fxflops.integrations.vllm.formulas.ops import attention_costs, moe_dims
 from fxflops.integrations.vllm.hooks import COMPILING_TAG
 
-# the models vLLM compiles in this process (several: a speculative decoder's drafter, an
-# encoder), and each one's census once made
-_MODELS: list[weakref.ref[torch.nn.Module]] = []
+# each noted model's census, once made
 _CENSUS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, LayerSpec]] = \
-    weakref.WeakKeyDictionary()
-# per model: the model tag vLLM built it under (``set_model_tag``: "backbone", a drafter's)
-_TAGS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
-# per model: the modules by the name vLLM's ops call them
-_NAMES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]] = \
     weakref.WeakKeyDictionary()
 
 
 def note_model(model: torch.nn.Module, tag: str | None = None) -> None:
     """A model vLLM is about to compile (its layers are built; weights may load later),
-    built under model tag ``tag``."""
-    if tag is not None:
-        _TAGS[model] = tag
-    if any(ref() is model for ref in _MODELS):
-        return
-    _MODELS[:] = [ref for ref in _MODELS if ref() is not None]
-    _MODELS.append(weakref.ref(model))
+    built under model tag ``tag``: its layers are described for every graph of it from now
+    on (``census_of_models``, a layer source of ``fxflops.instrument.plan``), and its
+    modules found by the names vLLM's ops call them (``models.find_layer``)."""
+    models.note(model, tag)
     register_layer_source(census_of_models)
-    if find_layer not in LAYER_LOOKUPS:
-        LAYER_LOOKUPS.append(find_layer)
 
 
 def forget_models() -> None:
     """Forget every model noted (a process that uninstalls the plugin; tests)."""
-    _MODELS.clear()
+    models.forget()
     unregister_layer_source(census_of_models)
-    if find_layer in LAYER_LOOKUPS:
-        LAYER_LOOKUPS.remove(find_layer)
-
-
-def find_layer(name: str) -> torch.nn.Module | None:
-    """The module of a noted model that vLLM knows by ``name`` (its ``layer_name`` or
-    ``prefix``): what a graph's opaque op names (``formulas_vllm.LAYER_LOOKUPS``)."""
-    for ref in list(_MODELS):
-        model = ref()
-        if model is None:
-            continue
-        names = _NAMES.get(model)
-        if names is None:
-            names = _NAMES[model] = {
-                str(key): module for module in model.modules()
-                for key in (getattr(module, "layer_name", None), getattr(module, "prefix", None))
-                if isinstance(key, str) and key}
-        if name in names:
-            return names[name]
-    return None
 
 
 def census_of_models(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None
                      ) -> list[dict[str, LayerSpec]]:
-    """The census of the model ``gm`` is a graph of (``fxflops.cost.layer_check``'s
-    source): the noted model whose weights the graph holds (its constants, as vLLM's
-    graphs hold them, or the parameters among its example inputs). A speculative
+    """The census of the model ``gm`` is a graph of (a layer source of
+    ``fxflops.instrument.plan``): the noted model whose weights the graph holds (its
+    constants, as vLLM's graphs hold them, or the parameters among its example inputs). A speculative
     decoder's drafter has the target's module paths, often narrower layers: a graph is
     checked against its own model's layers, never another's. Where the weights tell no
     model (a piecewise graph, analysed from fake inputs), the model noted under the model
     tag the graph is compiled under (``hooks.COMPILING_TAG``); else the one model noted,
     else none."""
-    live = [model for model in (ref() for ref in list(_MODELS)) if model is not None]
+    live = models.live()
     if len(live) > 1:
         # the model most of the graph's weights are of (an EAGLE drafter's graph holds the
         # target's embedding too, which the two share); a tie tells none
@@ -108,7 +73,7 @@ def census_of_models(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | N
         if best:
             live = [m for m in live if score[id(m)] == best]
         elif tag is not None:
-            live = [m for m in live if _TAGS.get(m) == tag]
+            live = [m for m in live if models.tag_of(m) == tag]
     if len(live) != 1:
         return []
     (model,) = live

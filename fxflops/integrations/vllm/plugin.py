@@ -14,7 +14,9 @@ name. fxflops is switched on, in this process and every process it starts, by ei
   becomes ``"inductor"``, vLLM's own backend, instrumented: vLLM accepts no other name in
   mode 3, and the compile-cache key is then the plain Inductor launch's.
 
-Either way the same hooks attach (``switch_on``) before vLLM builds a model or a drafter.
+Either way the same hooks attach (``switch_on``) before vLLM builds a model or a drafter,
+and vLLM's op formulas (``fxflops.integrations.vllm.formulas``) are registered first: no
+graph of a vLLM process is analysed, nor any artifact loaded from vLLM's cache, before.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def register() -> None:
 
 def switch_on() -> None:
     """Instrument this process, and every process it starts from now on (idempotent):
-    ``FXFLOPS=1`` for them, this run's id, fxflops' settings for Ray's workers, the
-    metrics' collection, then every hook (``install``)."""
+    vLLM's op formulas registered, ``FXFLOPS=1`` for them, this run's id, fxflops' settings
+    for Ray's workers, the metrics' collection, then every hook (``install``)."""
+    register_formulas()
     if os.environ.get(config.ENABLED.name) != "1":
         previous = os.environ.get(config.ENABLED.name)
         _UNDO.append(lambda: os.environ.pop(config.ENABLED.name, None) if previous is None
@@ -63,7 +66,9 @@ def switch_on() -> None:
 
 
 def install() -> None:
-    """Instrument everything vLLM compiles in this process (idempotent)."""
+    """Instrument everything vLLM compiles in this process (idempotent): vLLM's op formulas
+    registered first, then the hooks through which vLLM's graphs reach the analysis."""
+    register_formulas()
     from fxflops.integrations.vllm import drafter, engine_stats, forward, hooks
 
     if "hooks" in _installed:
@@ -94,6 +99,15 @@ def install() -> None:
             setattr(getattr(inductor_config, section), name, value)
 
 
+def register_formulas() -> None:
+    """vLLM's op formulas in fxflops' registry (``fxflops.integrations.vllm.formulas``;
+    idempotent: a module registers once), before any graph of this process is analysed or
+    any artifact loaded: every path by which vLLM's graphs reach fxflops starts after
+    ``switch_on`` (``FXFLOPS=1`` at ``register``, or the backend name noticed as vLLM makes
+    its config, before it builds a model), and imports nothing of vLLM."""
+    import fxflops.integrations.vllm.formulas  # noqa: F401 (imported for its registrations)
+
+
 def uninstall() -> None:
     """Undo everything ``register``, ``switch_on`` and ``install`` changed: vLLM's classes,
     fxflops' prefix in vLLM's Ray prefixes, ``FXFLOPS`` where ``switch_on`` set it."""
@@ -113,7 +127,7 @@ _UNDO: list[Any] = []
 
 def _collect_worker_metrics() -> None:
     """``FXFLOPS_PROMETHEUS=1``: the counters the engine and worker processes write
-    (``fxflops.metrics``) appear in this process's ``/metrics`` (and with
+    (``fxflops.outputs.prometheus``) appear in this process's ``/metrics`` (and with
     ``FXFLOPS_PROMETHEUS_PORT``, on that port, from every node).
 
     With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for several API servers) vLLM's own

@@ -1,10 +1,9 @@
 """Formulas of vLLM's own kernels (``_C``, ``_moe_C``, ``_C_cache_ops``) and zentorch's.
 
-One table line per op, grouped by family (``fxflops.op_families`` builders; a line names
+One table line per op, grouped by family (``fxflops.cost.formulas.builders``; a line names
 where the op keeps its sizes: its arguments by schema name, ``"out"`` its return value).
-These are the kernels of vLLM 0.32 and 0.33 that ``formulas_vllm`` and ``formulas_ssm``
-do not already cost: the CPU build's (AMX MoE, mHC, routing, DeepSeek-V4 rope fusions),
-the GPU build's norm/activation/rope fusions that vLLM's compile passes put in graphs,
+These are the kernels of vLLM 0.32 and 0.33 that ``ops`` and ``ssm`` do not already cost:
+the CPU build's (AMX MoE, mHC, routing, DeepSeek-V4 rope fusions), the GPU build's norm/activation/rope fusions that vLLM's compile passes put in graphs,
 and the zentorch ops vLLM calls on AMD Zen CPUs. Kernels that only ever run *inside*
 another graph op are in :data:`INSIDE` (that op's formula counts their work);
 :data:`UNCOSTABLE` lists what no formula here covers, and why.
@@ -26,9 +25,6 @@ from typing import Any
 import torch
 
 from fxflops.cost.formulas.builders import (
-    ATTENTION_OP,
-    MLA_OP,
-    MOE_OP,
     OUT_N,
     SOFTMAX,
     Builder,
@@ -44,9 +40,14 @@ from fxflops.cost.formulas.builders import (
     rows,
     tensor,
 )
-from fxflops.cost.formulas.mhc import hc_head, hc_post, mhc_pre
-from fxflops.cost.formulas.ssm import conv1d_per_token, delta_rule_per_token, qk_l2norm_per_token
 from fxflops.cost.registry import Split, register_inside, register_uncostable
+from fxflops.integrations.vllm.formulas.mhc import hc_head, hc_post, mhc_pre
+from fxflops.integrations.vllm.formulas.ops import ATTENTION_OP, MLA_OP, MOE_OP
+from fxflops.integrations.vllm.formulas.ssm import (
+    conv1d_per_token,
+    delta_rule_per_token,
+    qk_l2norm_per_token,
+)
 
 
 def first_tensor(a: Named) -> Any:
@@ -165,7 +166,7 @@ def attn_res(a: Named) -> Split:
 
 _NORMS: dict[str, tuple[Builder, str]] = {
     # XPU's norms (no schema in any wheel: read by position; vLLM calls them inside its
-    # vllm::xpu_* wrapper ops, which formulas_vllm_gpu costs): Gemma's (1 + w) weight one
+    # vllm::xpu_* wrapper ops, which ``gpu`` costs): Gemma's (1 + w) weight one
     # more than RMS norm's 4, the fused residual add one more; layer norm 7 (mean,
     # variance, normalise, affine), Nemotron's (1 + w) one more
     "_C::gemma_rms_norm": (per_first(5), "vector"),
@@ -268,7 +269,7 @@ _ROTARY: dict[str, tuple[Builder, str]] = {
 #
 # Every token goes through exactly top-k experts (``topk_ids`` [T, k]), so the count is
 # exact from shapes: per routed token the gate/up GEMM (H -> 2I), the down GEMM (I -> H),
-# the activation and gate multiply (2·I) and the weighted sum (2·H); op_families.fused_moe.
+# the activation and gate multiply (2·I) and the weighted sum (2·H); builders.fused_moe.
 # All three kernels are gated (SiLU, SwiGLU-OAI, GELU, SwigluStep: *_and_mul).
 
 INT4_W4A8 = 3  # vllm._custom_ops.CPUQuantMethod.INT4_W4A8
@@ -331,7 +332,7 @@ _ROUTING: dict[str, tuple[Builder, str]] = {
 
 # --- DeepSeek-V4's hyper-connections (mHC) on CPU -------------------------------------------
 #
-# ``hc`` residual streams x [T, hc, H]. Counted as formulas_vllm_gpu counts the GPU's mHC
+# ``hc`` residual streams x [T, hc, H]. Counted as ``gpu`` counts the GPU's mHC
 # ops, so a layer costs the same on either: the mix logits ``x @ fn^T`` (matmul), the
 # streams' RMS (square and sum, 2 an element) and each logit's scale, bias and gate (3);
 # Sinkhorn's iterations on the hc x hc combination (a row and a column pass, each a sum
@@ -351,7 +352,7 @@ _HYPER_CONNECTIONS: dict[str, tuple[Builder, str]] = {
 
 
 def kda_decode(a: Named) -> Split:
-    """Kimi-K3's fused KDA decode step, per token, in the recurrent form formulas_ssm
+    """Kimi-K3's fused KDA decode step, per token, in the recurrent form ``ssm``
     counts Gated DeltaNet in: the depthwise conv over q, k and v (``weight`` [C, W], SiLU),
     the gate per key channel (bias, softplus, scale by ``exp(A)``, bound: 4) and ``β``
     (sigmoid), the q/k L2 norms, the delta rule with a decay per key channel (``exp`` of

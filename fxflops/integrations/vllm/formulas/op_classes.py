@@ -1,11 +1,11 @@
 """How every vLLM op that is not costed by a formula is counted, and why.
 
 vLLM registers about 600 custom ops across its releases and builds (``scripts/vllm_ops.py``
-lists them). Each is one of: *costed* (a formula: ``formulas_vllm``, ``formulas_vllm_kernels``,
-``formulas_vllm_gpu``, ``formulas_ssm``), *inside* (a kernel that runs only inside another op
-a graph holds, counted by that op's formula: ``registry.register_inside``), *zero* (in a
-model's forward, but no FLOPs by design: the groups below) or *not a compute op* (never in
-a forward graph: set-up, queries, the sampler). tests/test_vllm_ops.py checks that every op
+lists them). Each is one of: *costed* (a formula: ``ops``, ``kernels``, ``gpu``, ``ssm``),
+*inside* (a kernel that runs only inside another op a graph holds, counted by that op's
+formula: ``fxflops.cost.registry.register_inside``), *zero* (in a model's forward, but no
+FLOPs by design: the groups below) or *not a compute op* (never in a forward graph: set-up,
+queries, the sampler). tests/test_vllm_ops.py checks that every op
 of the installed vLLM and of the newest release's census is one of these, and
 docs/coverage.md has the counts.
 """

@@ -15,6 +15,13 @@ import torch
 
 from fxflops.cost.graph_cost import RuntimeCost
 from fxflops.cost.registry import PartialRead, register_bytes, register_formula, register_io_bytes
+from fxflops.integrations.vllm.models import find_layer
+
+# the graph ops whose formulas count the kernels that run inside them (``register_inside``:
+# the attention and MoE backends' kernels, ``gpu`` and ``kernels``)
+ATTENTION_OP = "vllm::unified_attention_with_output"
+MLA_OP = "vllm::unified_mla_attention_with_output"
+MOE_OP = "vllm::moe_forward"
 
 
 def _numel(shape: Any) -> Any:
@@ -138,8 +145,9 @@ def layer_name(value: Any) -> str | None:
 
 # --- attention: the arithmetic, in one place --------------------------------------------
 #
-# Used by the graph's attention ops (below), by the whole-forward rows and by the layer
-# safety net (fxflops.integrations.vllm), which read the same sizes off the layers.
+# Used by the graph's attention ops (below), by the whole-forward rows
+# (``fxflops.integrations.vllm.forward``) and by the layer safety net
+# (``fxflops.integrations.vllm.layers``), which read the same sizes off the layers.
 
 
 def attention_flops_per_pair(heads: Any, qk_dim: Any, v_dim: Any) -> Any:
@@ -247,7 +255,7 @@ def unified_mla_attention_cost(q, kv_c_normed, k_pe, output=None, layer=None, *a
                        2 * tokens * latent * heads * (nope + v_dim))
 
 
-# (KV-cache updates and collectives are zero-FLOP: ``vllm_op_classes``)
+# (KV-cache updates and collectives are zero-FLOP: ``op_classes``)
 
 
 # --- mixture of experts ------------------------------------------------------------------
@@ -298,39 +306,10 @@ def onednn_scaled_mm_io_bytes(c, a, a_scales, azp, azp_adj, bias, handler) -> An
     return k * n
 
 
-def _from_forward_context(name: str) -> Any:
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
-    if not is_forward_context_available():
-        return None
-    return get_forward_context().no_compile_layers.get(name)
-
-
-def _from_current_config(name: str) -> Any:
-    from vllm.config import get_current_vllm_config
-
-    return get_current_vllm_config().compilation_config.static_forward_context.get(name)
-
-
-# more ways to find a layer by name (the vLLM integration adds its census of the models it
-# saw compiled: on CPU, mode 2 compiles outside any vLLM config or forward context)
-LAYER_LOOKUPS: list[Any] = []
-
-
-def _vllm_layer(name: Any) -> Any:
+def vllm_layer(name: Any) -> Any:
     """The vLLM module an op names (MoE and state-space layers keep their weights and sizes
-    there, not in the op's arguments): from vLLM's forward context, the config vLLM
-    compiles under, or the integration's census, whichever has it."""
-    key = str(layer_name(name))
-    for lookup in (_from_forward_context, _from_current_config, *LAYER_LOOKUPS):
-        try:
-            layer = lookup(key)
-        except Exception:  # that source is not there now (no context, no config)
-            layer = None
-        if layer is not None:
-            return layer
-    raise LookupError(f"vLLM layer {key!r} not found (no forward context, vLLM config or "
-                      "model that has it)")
+    there, not in the op's arguments): ``models.find_layer``, the integration's lookup."""
+    return find_layer(str(layer_name(name)))
 
 
 class MoEDims(NamedTuple):
@@ -386,7 +365,7 @@ def moe_weights(layer: Any) -> int:
 
 
 def _moe_layer_dims(name: Any) -> MoEDims:
-    dims = moe_dims(_vllm_layer(name))
+    dims = moe_dims(vllm_layer(name))
     if dims is None:
         raise TypeError(f"layer {layer_name(name)} has no MoE sizes fxflops knows")
     return dims
@@ -425,7 +404,7 @@ def moe_forward_flop(hidden_states, router_logits, shared_input=None, input_ids=
     rank's tokens to the experts (an all-gather, or an all-to-all to the experts' ranks):
     the other ranks' tokens (``dp_metadata.num_tokens_across_dp_cpu``, a host tensor vLLM
     keeps per step) are counted at run time, at the same FLOPs per token."""
-    mod = _vllm_layer(layer)
+    mod = vllm_layer(layer)
     dims = _moe_layer_dims(layer)
     per_routed = int(dims.share * 2 * dims.hidden * dims.intermediate * (3 if dims.gated else 2))
     per_token = per_routed * dims.top_k
@@ -440,7 +419,7 @@ def moe_forward_shared_flop(hidden_states, router_logits, shared_input=None, inp
     """``moe_forward`` plus the shared experts, which this op runs beside the routed ones, on
     this rank's own tokens (before the dispatch)."""
     routed = moe_forward_flop(hidden_states, router_logits, shared_input, input_ids, layer)
-    mod = _vllm_layer(layer)
+    mod = vllm_layer(layer)
     shared = getattr(mod, "shared_experts", None)
     if shared is None:  # a MoERunner wraps them in its SharedExperts
         wrapped = getattr(mod, "_shared_experts", None)
@@ -455,7 +434,7 @@ def moe_forward_io_bytes(hidden_states, router_logits, shared_input=None, input_
                          layer=None, *args, **kwargs) -> Any:
     """The experts' weights are in the layer, not among the graph's inputs: the ones the
     step's tokens can reach are added (bytes per expert from the layer's own tensors)."""
-    mod = _vllm_layer(layer)
+    mod = vllm_layer(layer)
     dims = _moe_layer_dims(layer)
     local = dims.local_experts
     return _routed(hidden_states.shape[0], dims.top_k, local) * (moe_weights(mod) // local)

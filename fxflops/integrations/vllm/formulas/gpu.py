@@ -1,6 +1,6 @@
 """Formulas of vLLM's GPU kernels (CUDA, ROCm, XPU) and of the vLLM ops around them.
 
-One table line per op, grouped by family (``fxflops.op_families`` builders; the sizes a
+One table line per op, grouped by family (``fxflops.cost.formulas.builders``; the sizes a
 line names are the op's arguments by schema name, ``"out"`` its return value). Every op
 here is one vLLM 0.32 or 0.33 may leave in a compiled graph; the kernels that only ever
 run *inside* another graph op are in :data:`INSIDE` instead (their work is that op's
@@ -14,7 +14,7 @@ weight; quantising an activation moves bytes and costs no FLOPs; elementwise 1 p
 element, activation-and-multiply 2 per output element, RMS norm 4 (3 without a weight),
 fused add + RMS norm 5, layer norm 7, rotary embedding 3 per rotated element. State-space
 and linear-attention layers are counted in the recurrent form per token, as
-``fxflops.formulas_ssm`` counts them.
+``fxflops.integrations.vllm.formulas.ssm`` counts them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from math import prod
 from typing import Any
 
 from fxflops.cost.formulas.builders import (
-    ATTENTION_OP,
-    MLA_OP,
-    MOE_OP,
     OUT_N,
     SOFTMAX,
     Builder,
@@ -42,8 +39,18 @@ from fxflops.cost.formulas.builders import (
     rows,
     tensor,
 )
-from fxflops.cost.formulas.mhc import hc_collapse, hc_head, hc_post, mhc_pre, post_then
-from fxflops.cost.formulas.ssm import (
+from fxflops.cost.graph_cost import RuntimeCost
+from fxflops.cost.registry import Split, register_inside, register_uncostable
+from fxflops.integrations.vllm.formulas.mhc import hc_collapse, hc_head, hc_post, mhc_pre, post_then
+from fxflops.integrations.vllm.formulas.ops import (
+    ATTENTION_OP,
+    MLA_OP,
+    MOE_OP,
+    layer_name,
+    moe_dims,
+    vllm_layer,
+)
+from fxflops.integrations.vllm.formulas.ssm import (
     _has_bias,
     _width,
     conv1d_per_token,
@@ -52,11 +59,8 @@ from fxflops.cost.formulas.ssm import (
     mamba2_scan_per_token,
     qk_l2norm_per_token,
 )
-from fxflops.cost.formulas.vllm import _vllm_layer, layer_name, moe_dims
-from fxflops.cost.graph_cost import RuntimeCost
-from fxflops.cost.registry import Split, register_inside, register_uncostable
 
-# --- sizes and builders this table needs beyond op_families ----------------------------
+# --- sizes and builders this table needs beyond cost.formulas.builders ----------------
 
 
 
@@ -249,7 +253,7 @@ def mhc_pre_mix(a: Named) -> Split:
 
 # --- layer ops: sizes from the vLLM layer the op names -----------------------------------
 #
-# Counted like formulas_ssm counts vllm::mamba_mixer2: the recurrent form per token; the
+# Counted like ``ssm`` counts vllm::mamba_mixer2: the recurrent form per token; the
 # projections an op runs inside itself are GEMMs (these ops, unlike mamba_mixer2, take the
 # hidden states and write the layer's output).
 
@@ -280,7 +284,7 @@ def mamba1_per_token(hidden: int, inner: int, state: int, rank: int, width: int,
 def mamba_mixer(a: Named) -> Split:
     """``vllm::mamba_mixer`` (Jamba, Mamba-1 models): this rank's channels from ``A``
     [D_i, N]; state size, dt rank and conv width from the layer."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "hidden_states")
     per_token = mamba1_per_token(x.shape[-1], int(layer.A.shape[0]), int(layer.ssm_state_size),
                                  int(layer.time_step_rank), _width(layer), _has_bias(layer),
@@ -292,7 +296,7 @@ def short_conv(a: Named) -> Split:
     """``vllm::short_conv`` (LFM2): in_proj (H -> 3·D: B, C, x), ``B·x``, the depthwise
     conv of width ``L_cache`` (no activation), ``C·``, out_proj (D -> H); D this rank's
     conv channels (the conv weight's rows)."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "hidden_states")
     hidden, channels = x.shape[-1], int(layer.conv.weight.shape[0])
     per_token = (_linear(hidden, 3 * channels)
@@ -308,7 +312,7 @@ def linear_attention(a: Named) -> Split:
     (H -> I) with its sigmoid and multiply, out_proj (I -> H); ``I = heads·d`` this
     rank's. Prefill's intra-block form re-associates the same recurrence (the kernel's
     choice, not counted)."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "hidden_states")
     hidden, heads, d = x.shape[-1], int(layer.tp_heads), int(layer.head_dim)
     inner = heads * d
@@ -324,7 +328,7 @@ def olmo_gdn(a: Named) -> Split:
     in_proj_qkvg (H -> 2·H_k·K + 2·H_v·V), b and a projections (H -> H_v each), the GDN
     core (conv, gating, q/k norms, delta rule), the gated RMS norm of the output (norm 4,
     SiLU gate 1, multiply 1), o_proj (H_v·V -> H); heads this rank's."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "hidden_states")
     tp = int(getattr(layer, "tp_size", 1))
     k_heads, v_heads = int(layer.num_k_heads) // tp, int(layer.num_v_heads) // tp
@@ -350,7 +354,7 @@ def bailing_kda(a: Named) -> Split:
     depthwise convs over q, k and v (SiLU), the q/k L2 norms and the KDA recurrence; the
     projections, the gate ``g1`` and ``β`` come in computed. Heads and head size from
     ``core_attn_out`` [1, T, H, D], conv width from the layer."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     out = tensor(a, "core_attn_out")
     heads, d = out.shape[-2], out.shape[-1]
     n_tokens = tensor(a, "q_proj_states").numel() // (heads * d)
@@ -376,7 +380,7 @@ def ple_short_conv(a: Named) -> Split:
     """``vllm::qwen4_exp_ple_short_conv``: a dilated depthwise conv over the PLE input's
     channels (width from the layer, no bias or activation) accumulated into ``residual``
     (1), plus ``outer_residual`` when given (1)."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "inputs")
     channels = x.shape[-1]
     adds = 1 + int(a.get("outer_residual") is not None)
@@ -393,7 +397,7 @@ def qsa_attention(q: str) -> Builder:
     op's); the prepare variant's q/k norm and rope are not counted either."""
 
     def formula(a: Named) -> Any:
-        width = int(_vllm_layer(a["layer_name"]).indexer.output_width)
+        width = int(vllm_layer(a["layer_name"]).indexer.output_width)
         return topk_attention(q, lambda _: width, dim(q, -1))(a)
 
     return formula
@@ -407,7 +411,7 @@ def lora_linear_async(a: Named) -> Any:
     a second stream: per slice shrink (K -> r) and expand (r -> that slice's outputs),
     ranks from the layer's ``lora_a_stacked`` [L, 1, r, K]. An upper bound: every token
     counted through its slice's adapter (tokens with none skip it at run time)."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     x = tensor(a, "x")
     m, k = x.numel() // x.shape[-1], x.shape[-1]
     lora = sum(2 * m * w.shape[-2] * (k + n)
@@ -450,7 +454,7 @@ def transformers_moe(a: Named) -> Any:
     """``vllm::transformers_moe_forward`` (the Transformers backend's MoE): as
     ``vllm::moe_forward``, the routed experts' gate/up and down projections from the
     MoE layer the op names, top-k from ``topk_ids`` [T, k]."""
-    dims = moe_dims(_vllm_layer(a["layer_name"]))
+    dims = moe_dims(vllm_layer(a["layer_name"]))
     if dims is None:
         raise TypeError(f"layer {layer_name(a['layer_name'])} has no MoE sizes fxflops knows")
     n_tokens, top_k = tensor(a, "topk_ids").shape[0], tensor(a, "topk_ids").shape[-1]

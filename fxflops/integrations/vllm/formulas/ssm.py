@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxflops.cost.formulas.vllm import _vllm_layer
 from fxflops.cost.registry import Split, register_formula
+from fxflops.integrations.vllm.formulas.ops import vllm_layer
 
 # --- the per-token arithmetic (matmul FLOPs, vector FLOPs) -------------------------------
 
@@ -125,7 +125,7 @@ def _ssm(names: list[str]) -> Any:
 def mamba_mixer2_flops(a: dict[str, Any]) -> Split:
     """``projected_states`` [T, z (I) | x, B, C (I + 2·G·N) | dt (H)] of this rank, ``output``
     [T, I]; head size, state size and conv width from the ``MambaMixer2`` layer."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     head_dim, state = int(layer.head_dim), int(layer.ssm_state_size)
     projected, inner = a["projected_states"], a["output"].shape[-1]
     tokens, heads = projected.shape[0], inner // head_dim
@@ -139,7 +139,7 @@ def mamba_mixer2_flops(a: dict[str, Any]) -> Split:
 def gdn_attention_core_flops(a: dict[str, Any]) -> Split:
     """Gated DeltaNet's layer core (Qwen3-Next): tokens and this rank's value heads from
     ``core_attn_out`` [T, H_v, V]; key heads, head sizes and conv width from the layer."""
-    layer = _vllm_layer(a["layer_name"])
+    layer = vllm_layer(a["layer_name"])
     out = a["core_attn_out"]
     tokens, v_heads = out.shape[0], out.shape[1]
     k_dim, v_dim = int(layer.head_k_dim), int(layer.head_v_dim)
