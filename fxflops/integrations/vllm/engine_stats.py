@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, passthrough
-from fxflops.outputs.session import recorder
+from fxflops.recording.recorder import recorder
 from fxflops.util import warn_once
 
 
