@@ -25,6 +25,7 @@ import time
 import torch
 
 import fxflops
+from fxflops.outputs.report_files import PeriodicFlush
 
 
 def main() -> None:
@@ -47,6 +48,7 @@ def main() -> None:
     for x in xs:  # every size seen once: its row exists
         compiled(x)
     rec.flush()  # the first write (every row, the capped per-size dumps) is not steady state
+    periodic = rec.sink(PeriodicFlush)  # the sink that flushes every FXFLOPS_FLUSH_S
 
     def loop(calls: int) -> float:
         t0 = time.perf_counter()
@@ -61,17 +63,17 @@ def main() -> None:
     busy: list[float] = []
 
     def flusher() -> None:
-        rec._background(1.0, 0.0)
+        periodic._background(1.0, 0.0)
         busy.append(time.thread_time())  # CPU seconds this thread ran: the GIL it can take
 
     def with_flushing() -> float:
-        rec._stopped = threading.Event()
+        periodic._stopped = threading.Event()
         thread = threading.Thread(target=flusher, daemon=True)
         thread.start()
         try:
             return loop(calls)
         finally:
-            rec._stopped.set()
+            periodic._stopped.set()
             thread.join()
 
     ratios, shares, spent = [], [], []

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# the public API, by the module that defines each name (loaded at first use)
-_LAZY = {
+# the public API: each name, the module that defines it (and its name there, where that
+# differs), loaded at first use
+_LAZY: dict[str, str | tuple[str, str]] = {
     "analyze": "fxflops.cost.analysis",
     "GraphCost": "fxflops.cost.graph_cost",
     "NodeCost": "fxflops.cost.graph_cost",
@@ -23,15 +24,18 @@ _LAZY = {
     "register_bytes": "fxflops.cost.analysis",
     "register_io_bytes": "fxflops.cost.analysis",
     "backend": "fxflops.instrument.backend",
-    "recorder": "fxflops.outputs.session",
-    "reset_recorder": "fxflops.outputs.session",
+    # the process's recorder (``recording.recorder``) with its outputs attached
+    "recorder": ("fxflops.outputs.session", "session"),
+    "reset_recorder": ("fxflops.outputs.session", "reset_session"),
+    "scope": "fxflops.report.scope",
+    "peak": "fxflops.report.peaks",
     "load_report": "fxflops.report.files",
 }
 
 __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
-    "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "recorder",
+    "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "peak", "recorder",
     "register_bytes", "register_formula", "register_io_bytes", "register_zero_flop",
-    "reset_recorder",
+    "reset_recorder", "scope",
 ]
 
 if TYPE_CHECKING:
@@ -44,8 +48,11 @@ if TYPE_CHECKING:
         register_zero_flop,
     )
     from fxflops.instrument.backend import backend
-    from fxflops.outputs.session import recorder, reset_recorder
+    from fxflops.outputs.session import reset_session as reset_recorder
+    from fxflops.outputs.session import session as recorder
     from fxflops.report.files import load_report
+    from fxflops.report.peaks import peak
+    from fxflops.report.scope import scope
 
 
 # the names that count with every built-in formula: the engine-neutral ones (``cost``) and
@@ -55,8 +62,8 @@ _WITH_EVERY_FORMULA = {"analyze", "backend", "register_formula", "register_zero_
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module 'fxflops' has no attribute {name!r}")
     import importlib
 
@@ -64,6 +71,7 @@ def __getattr__(name: str) -> Any:
         from fxflops.integrations import load_formulas
 
         load_formulas()
-    value = getattr(importlib.import_module(module), name)
+    module, attr = where if isinstance(where, tuple) else (where, name)
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value

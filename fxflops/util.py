@@ -1,5 +1,6 @@
 """Small helpers every layer uses: warn once, write a file atomically (or through a link,
-FIFO or device the user named), format a quantity."""
+FIFO or device the user named), format a quantity, tell the host's exceptions from
+fxflops' own."""
 
 from __future__ import annotations
 
@@ -38,6 +39,38 @@ def warn_once(key: str, msg: str, *args: Any) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(msg, *args)
+
+
+# set on an exception a host's signal handler raised (``outputs.signals``): what the host
+# raised is the host's, and no ``except Exception`` of fxflops' may swallow it (the hot path
+# reads this attribute by name too)
+HOST_RAISED = "_fxflops_host_raised"
+
+
+def host_raised(error: BaseException) -> bool:
+    """Whether ``error`` came from the host's signal handler (fxflops must let it through)."""
+    return getattr(error, HOST_RAISED, False)
+
+
+def mark_host_raised(error: BaseException) -> None:
+    """Mark ``error`` as the host's (raised by its signal handler while fxflops ran)."""
+    try:
+        setattr(error, HOST_RAISED, True)
+    except Exception:  # an exception that takes no attributes
+        pass
+
+
+def write_or_warn(where: str, write: Any) -> None:
+    """``write(where)``, a file or folder of fxflops' outputs: what fails is warned about
+    once (a full disk, a bad folder: tried again at the next flush), never raised, except
+    what the host's signal handler raised meanwhile, which is the host's."""
+    try:
+        write(where)
+    except Exception as e:  # never let reporting break the process...
+        if host_raised(e):  # ...but what the host raised is the host's
+            raise
+        warn_once(f"flush:{where}:{type(e).__name__}", "fxflops: could not write %s (%s: "
+                  "%s); will try again at the next flush", where, type(e).__name__, e)
 
 
 def forget_warnings() -> None:

@@ -127,7 +127,7 @@ def check_calls_in_flight(iters: int) -> tuple[bool, str]:
     from fxflops.report.files import load_reports
 
     # about 6 ms a call on an H200 (4.4 TFLOP): the queue still holds work when the report
-    # is made, and drains within the flush's wait (outputs/session.py's DEVICE_WAIT_S)
+    # is made, and drains within the flush's wait (recording/collection.py's DEVICE_WAIT_S)
     model = mlp(shrunk(4096), 4)
     x = torch.randn(shrunk(4096), shrunk(4096), device=DEVICE, dtype=torch.bfloat16)
     compiled, _, _ = compiled_pair(model, x)

@@ -465,8 +465,8 @@ def _signal_inside(lock_path: str, signum: int, marker: str) -> None:
 def _resolve(path: str) -> Any:
     import importlib
 
-    from fxflops.outputs.session import recorder
     from fxflops.recording import cuda_events
+    from fxflops.recording.recorder import recorder
 
     special = {"clock": lambda: cuda_events.clock(), "recorder": recorder,
                "record": lambda: recorder().graphs[0]}

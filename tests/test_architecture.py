@@ -140,17 +140,35 @@ def test_imports_point_down_the_layers_and_form_no_cycle():
     assert violations() == []
 
 
+def test_the_recorder_is_recording_s_and_its_sinks_compose():
+    """Compile-time code and integrations take the recorder from ``recording/`` (from
+    ``outputs/`` only ``attach``, which subscribes the sinks), and nothing subclasses the
+    recorder: outputs subscribe to it."""
+    found = modules()
+    for module, path in found.items():
+        tree = ast.parse(path.read_text())
+        if module.startswith(("fxflops.instrument", "fxflops.integrations")):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "fxflops.outputs.session":
+                    names = {a.name for a in node.names}
+                    assert names <= {"attach"}, f"{module}:{node.lineno} imports {names}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
+                assert "Recorder" not in bases, f"{module}: {node.name} subclasses Recorder"
+
+
 def test_a_reversed_import_is_caught(tmp_path):
     """The check can fail: a copy of the package with one import added that points up
-    (the cost model importing the session) is reported, as a layer violation and as the
-    cycle it closes."""
+    (the cost model importing the session's handle) is reported, as a layer violation and as
+    the cycle it closes."""
     import shutil
 
     copy = tmp_path / "fxflops"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / "cost" / "graph_cost.py"
     target.write_text(target.read_text() + "\n\ndef _late():\n"
-                      "    from fxflops.outputs.session import recorder\n    return recorder\n")
+                      "    from fxflops.outputs.session import session\n    return session\n")
     found = violations(copy)
     assert any("fxflops.cost.graph_cost" in p and "up from layer cost to outputs" in p
                for p in found), found
@@ -301,9 +319,9 @@ def test_architecture_doc_names_every_module():
 
 # the public surface (docs/reference.md's Python API), importable by these names
 PUBLIC = {
-    "fxflops": ["backend", "recorder", "reset_recorder", "load_report", "analyze",
-                "GraphCost", "NodeCost", "CostAt", "register_formula", "register_zero_flop",
-                "register_bytes", "register_io_bytes", "__version__"],
+    "fxflops": ["backend", "recorder", "reset_recorder", "scope", "peak", "load_report",
+                "analyze", "GraphCost", "NodeCost", "CostAt", "register_formula",
+                "register_zero_flop", "register_bytes", "register_io_bytes", "__version__"],
 }
 
 
@@ -362,10 +380,13 @@ def test_import_fxflops_is_light_and_has_no_side_effects():
 
 
 def test_instrumenting_modules_install_nothing_at_import():
-    """Importing the backend, the session and the Prometheus module registers no exit or
-    fork hook and patches no FSDP class (they are installed when fxflops is first used)."""
+    """Importing the backend, the recorder, the session, its lifecycle and signals and the
+    Prometheus module registers no exit or fork hook and patches no FSDP class (they are
+    installed when fxflops is first used)."""
     code = HOOKS_WATCHED + (
         "import fxflops.instrument.backend, fxflops.outputs.session\n"
+        "import fxflops.recording.recorder, fxflops.outputs.lifecycle\n"
+        "import fxflops.outputs.signals, fxflops.report.scope\n"
         "import fxflops.outputs.prometheus, fxflops.instrument.distributed_hooks as d\n"
         "print(len(registered), len(forks), len(d.PATCHES))\n")
     out = procs.run([sys.executable, "-c", code], timeout=300, cwd=ROOT,

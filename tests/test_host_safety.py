@@ -103,13 +103,13 @@ f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"), dynam
 for n in range(2, 400):  # many sizes: a flush takes a while
     f(torch.randn(n))
 rec = fxflops.recorder()
-original = rec._write_report_only
+original = rec.files._write_report_only
 
 def write_then_be_signalled(path):
     os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the flush
     original(path)
 
-rec._write_report_only = write_then_be_signalled
+rec.files._write_report_only = write_then_be_signalled
 try:
     rec.flush()
 except HostStop as e:
@@ -161,15 +161,15 @@ def test_the_signal_path_imports_nothing(tmp_path):
 
 _SIGTERM_NOT_ACTED_ON = """
 import os, signal, sys, threading, time, torch, fxflops
-from fxflops.outputs import session
+from fxflops.outputs import signals
 
 f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"))
 f(torch.randn(3))
-assert session._WAKEUP, "fxflops watches the SIGTERM it made a Python handler"
+assert signals._WAKEUP, "fxflops watches the SIGTERM it made a Python handler"
 # a SIGTERM whose arrival the watcher sees (its byte on the wakeup pipe) but whose handler
 # never ran: what a main thread woken in C under load can do
 read_fd, write_fd = os.pipe()
-threading.Thread(target=session._sigterm_watcher, args=(read_fd,), daemon=True).start()
+threading.Thread(target=signals._sigterm_watcher, args=(read_fd,), daemon=True).start()
 started = time.monotonic()
 os.write(write_fd, bytes([signal.SIGTERM]))
 time.sleep(30)
@@ -324,14 +324,14 @@ import os, sys, threading, time, torch, fxflops
 f = torch.compile(lambda x: x + 2, backend=fxflops.backend(inner="eager"), dynamic=True)
 f(torch.randn(2))
 rec = fxflops.recorder()
-write, entered = rec._write_report_only, threading.Event()
+write, entered = rec.files._write_report_only, threading.Event()
 
 def slow_write(path):
     entered.set()
     time.sleep(1.0)
     write(path)
 
-rec._write_report_only = slow_write
+rec.files._write_report_only = slow_write
 flusher = threading.Thread(target=rec.flush)
 flusher.start()
 entered.wait(60)  # that thread holds the flush lock now
@@ -364,8 +364,8 @@ def work(i):
         f(torch.randn(n))
     rec = fxflops.recorder()
     if not hasattr(rec, "slow"):  # each flush now takes 0.4 s: terminate lands in one
-        write, rec.slow = rec._write_report_only, True
-        rec._write_report_only = lambda path: (time.sleep(0.4), write(path))
+        write, rec.slow = rec.files._write_report_only, True
+        rec.files._write_report_only = lambda path: (time.sleep(0.4), write(path))
     return os.getpid()
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fxflops.cli.demo_model import DemoConfig, DemoDecoder, sdpa_flops
     from fxflops.instrument.backend import backend
-    from fxflops.outputs.session import recorder
+    from fxflops.outputs.session import session
 
     console = make_console()
     os.environ[config.OUT.name] = args.out  # this run's report and dumps go there
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                   f"GQA {cfg.heads}/{cfg.kv_heads} heads, inner backend {args.inner!r}; "
                   f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     expected: dict[tuple[int, tuple[int, ...]], int] = {}  # (graph, size key) -> FlopCounterMode count
-    rec = recorder()
+    rec = session()
     start = time.perf_counter()
     with torch.inference_mode(), Progress(console=console, transient=True) as progress:
         task = progress.add_task("compiling and running", total=len(sizes) * args.iters)

@@ -57,7 +57,7 @@ def measure(device: str, dtype_name: str, n: int, iters: int = 20) -> tuple[floa
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fxflops.report.peaks import current_peak
+    from fxflops.report.peaks import current_peak, device_name
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -65,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
     n = args.n or (8192 if cuda else 1024)
     if args.measure:
         return _measure_and_keep(device, n)
-    from fxflops.instrument.plan import device_name
-
     name = device_name(device)  # as the reports name it: their peak (measured ones too)
     table = current_peak(name, dtype)
     tflops, gbps = measure(device, dtype, n)
@@ -91,8 +89,7 @@ def _figure(value: float | None) -> str:
 
 def _measure_and_keep(device: str, n: int) -> int:
     """``--measure``: a GEMM per dtype and a copy; kept for this device (``peaks``)."""
-    from fxflops.instrument.plan import device_name
-    from fxflops.report.peaks import match_device, save_measured
+    from fxflops.report.peaks import device_name, match_device, save_measured
 
     name = device_name(device)
     dtypes = ("bf16", "fp16", "fp32") if device == "cuda" else ("fp32", "bf16")

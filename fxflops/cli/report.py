@@ -7,7 +7,7 @@ import csv
 import json
 import sys
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -79,7 +79,8 @@ def report_rows(reports: list[dict[str, Any]], warmup: bool = False
                 ) -> tuple[list[dict[str, Any]], bool]:
     """Every rank's rows, and for a run of several ranks their merged rows too (rows of
     different runs are never merged); with ``warmup``, the warm-up rows too."""
-    rows = flat_rows(reports, warmup)
+    # (the CLI adds figures to the rows it shows: plain dicts from here on)
+    rows = cast("list[dict[str, Any]]", flat_rows(reports, warmup))
     if not rows:
         raise ReportError("the reports hold no timed calls (did the compiled model run?)")
     forward_outside_share(rows)

@@ -32,7 +32,7 @@ from fxflops import torch_compat
 from fxflops.cost.binder import static_size
 from fxflops.instrument.plan import KernelSetting
 from fxflops.instrument.wrap import wrap_graph
-from fxflops.outputs.session import recorder
+from fxflops.recording.recorder import recorder
 
 
 def compile_phases(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inner: str,

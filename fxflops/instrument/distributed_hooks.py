@@ -80,7 +80,7 @@ def _counting(kind: str, argument: str) -> Callable[[Callable[..., Any]], Callab
 
 def count(kind: str, nbytes: int) -> None:
     """One collective of ``kind`` over a buffer of ``nbytes``, in this process's recorder."""
-    from fxflops.outputs.session import recorder
+    from fxflops.recording.recorder import recorder
 
     calls_bytes = recorder().collectives.setdefault(kind, [0, 0])
     calls_bytes[0] += 1
@@ -100,7 +100,7 @@ _DDP_SKIP = "_inside_ddp_forward"
 def ddp_compiled_nothing() -> bool:
     """Whether Dynamo stopped at DDP's forward (the graph break at its
     ``_inside_ddp_forward``) and fxflops recorded no graph in this process."""
-    from fxflops.recording.store import current
+    from fxflops.recording.recorder import current
 
     utils = sys.modules.get(torch_compat.PRIVATES["dynamo_utils"].module)
     if utils is None:

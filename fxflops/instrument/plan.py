@@ -1,6 +1,7 @@
 """Planning a graph's instrumentation: its cost analysed (``GraphPlan``, picklable so it
 travels with an artifact) against the layers its model's integration describes (the layer
-sources), its record registered and dumped, its clock chosen, its kernels mapped.
+sources), its record registered (the recorder's outputs attached then:
+``outputs.session.attach``) and dumped, its kernels mapped.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from fxflops.cost.analysis import analysis_version, analyze
 from fxflops.cost.binder import static_size
 from fxflops.cost.graph_cost import GraphCost
 from fxflops.cost.layer_check import LayerSpec
-from fxflops.outputs.session import host_raised, recorder
-from fxflops.recording.store import GraphRecord
-from fxflops.util import meta_value, warn_once
+from fxflops.outputs.session import attach
+from fxflops.recording.recorder import recorder
+from fxflops.recording.store import GraphRecord, UninstrumentedGraph
+from fxflops.report.peaks import DTYPE_NAMES, device_name
+from fxflops.util import host_raised, meta_value, warn_once
 
 if TYPE_CHECKING:
     from fxflops.cost.kernels import KernelCost, Shape
@@ -133,16 +136,19 @@ def register_graph(graph_plan: GraphPlan, name: str, meta: dict[str, Any],
               gm: torch.fx.GraphModule | None) -> GraphRecord:
     """Register the graph, note the process's device and dtype (MFU's peak), and dump the
     annotated graph when ``gm`` is given."""
-    record = recorder().register(name, graph_plan.cost, graph_plan.static_size, meta)
+    record = attach(recorder()).register(name, graph_plan.cost, graph_plan.static_size, meta)
     _describe_process(graph_plan)
     if gm is not None:
         _dump(gm, record)
     return record
 
 
-def _describe_process(graph_plan: GraphPlan) -> None:
-    from fxflops.report.peaks import DTYPE_NAMES
+def register_uninstrumented(name: str, reason: str) -> UninstrumentedGraph:
+    """Register a graph that runs uninstrumented, and why (``name`` may hold ``{index}``)."""
+    return attach(recorder()).register_uninstrumented(name, reason)
 
+
+def _describe_process(graph_plan: GraphPlan) -> None:
     info = recorder().info
     if "device" not in info:
         try:
@@ -155,21 +161,13 @@ def _describe_process(graph_plan: GraphPlan) -> None:
         info["dtype"] = dtype
 
 
-def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    import platform
-
-    return f"cpu:{platform.processor() or platform.machine()}"
-
-
 def _dump(gm: torch.fx.GraphModule | None, record: GraphRecord) -> None:
     try:
         from fxflops.outputs.dumps import dump_graph
 
         dump_graph(gm, record)
     except Exception as e:
-        # one warning for the dumps, here or at a flush (session._write_report)
+        # one warning for the dumps, here or at a flush (outputs.dumps.SizeDumps)
         warn_once(f"dumps:{type(e).__name__}", "fxflops: no graph dumps (graph %s: %s: %s)",
                   record.name, type(e).__name__, e)
 

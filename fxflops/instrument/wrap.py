@@ -35,14 +35,15 @@ from fxflops.instrument.plan import (
     map_kernels,
     plan,
     register_graph,
+    register_uninstrumented,
 )
-from fxflops.outputs.session import host_raised, recorder
 from fxflops.recording import kernel_profile
 from fxflops.recording.clocks import CPU_CLOCK, Clock, clock_for, now
+from fxflops.recording.recorder import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.recording.size_stats import SizeStats
 from fxflops.recording.store import GraphRecord, UninstrumentedGraph
-from fxflops.util import warn_once
+from fxflops.util import host_raised, warn_once
 
 if TYPE_CHECKING:
     from fxflops.cost.kernels import Shape
@@ -122,7 +123,7 @@ def uninstrumented(compiled: Any, name: str, failure: BaseException | None, *,
     """``compiled`` running as it is, its calls counted, the graph and the reason in the
     report (``Recorder.uninstrumented``)."""
     reason = f"{type(failure).__name__}: {failure}" if failure is not None else "unknown"
-    entry = recorder().register_uninstrumented(name, reason)
+    entry = register_uninstrumented(name, reason)
     warn_once(f"uninstrumented:{reason}", "fxflops: graph %s is not instrumented (%s); it "
               "runs as compiled, its calls counted", entry.name, reason)
     return CountedGraph(compiled, entry, boxed=boxed)

@@ -3,7 +3,9 @@
 Written under ``$FXFLOPS_OUT/graphs/`` (one file per graph, and one per size once sizes
 are seen), under ``$FXFLOPS_DUMP_DIR`` (the vLLM integration sets it to
 ``<debug_dump_path>/rank_i_j/fxflops`` beside depyf's dump), and emitted through
-``torch._logging.trace_structured`` so that ``tlparse`` shows it.
+``torch._logging.trace_structured`` so that ``tlparse`` shows it. A graph is dumped when it
+is registered (``dump_graph``, from ``instrument.plan``); its sizes at each flush
+(``SizeDumps``, a sink of the recorder).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import torch
 
 from fxflops import config, torch_compat
 from fxflops.cost.graph_cost import Count, GraphCost, NodeCost, evaluate
-from fxflops.util import atomic_text, human
+from fxflops.recording.recorder import Sink
+from fxflops.util import atomic_text, host_raised, human, warn_once
 
 if TYPE_CHECKING:
+    from fxflops.recording.recorder import Recorder
     from fxflops.recording.store import GraphRecord
 
 _ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
@@ -201,3 +205,21 @@ def dump_sizes(record: GraphRecord) -> None:
 def _out_dir() -> str | None:
     out = config.OUT.get()
     return os.path.join(out, "graphs") if out else None
+
+
+class SizeDumps(Sink):
+    """At each flush (with ``$FXFLOPS_OUT``): the dumps of the sizes seen since the last
+    (``dump_sizes``); a bad folder stops the dumps, never the report."""
+
+    def writes(self) -> bool:
+        return bool(config.OUT.get())
+
+    def flush(self, recorder: Recorder, final: bool) -> None:
+        try:
+            for g in recorder.graphs_snapshot():
+                dump_sizes(g)
+        except Exception as e:
+            if host_raised(e):
+                raise
+            warn_once(f"dumps:{type(e).__name__}", "fxflops: no per-size graph dumps (%s: %s)",
+                      type(e).__name__, e)

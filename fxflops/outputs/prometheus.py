@@ -13,6 +13,8 @@ Two ways out, one set of samples (:func:`samples`):
 - **a collector**, read at scrape time: ``fxflops.recorder().register_prometheus(registry)``
   for any process that serves its own registry.
 
+The files are written by ``PrometheusFiles``, a sink of the recorder, at each flush.
+
 Names follow Prometheus' conventions: counters end in ``_total``, units are base units
 (FLOPs, bytes, seconds). Labels: ``graph``, ``size``, ``rank`` (the global rank), and
 where the process has them ``dp``, ``pp``, ``tp`` and ``node``. The label sets stay
@@ -25,19 +27,20 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
+from fxflops.recording.recorder import Sink
 from fxflops.report.build import forward_figures_of
 from fxflops.report.engine import COMPONENTS, estimate_comparison
 from fxflops.report.figures import sorted_rows
 from fxflops.report.peaks import process_peak
-from fxflops.util import stop_signals_blocked, warn_once
+from fxflops.util import stop_signals_blocked, warn_once, write_or_warn
 
 if TYPE_CHECKING:
+    from fxflops.recording.recorder import Recorder
     from fxflops.recording.size_stats import SizeStats
-    from fxflops.recording.store import Recorder
 
 OTHER = "other"
 
@@ -134,11 +137,11 @@ def samples(rec: Recorder) -> list[Sample]:
                           "fxflops: calls of a graph fxflops could not instrument (the report "
                           "says why)", (("graph", entry.name), *where),
                           entry.calls))
-    peak = process_peak(rec.info)
+    peak: Mapping[str, Any] = process_peak(rec.info)
     for name, text, field, unit in _GAUGES:
-        if peak.get(field):
-            out.append(Sample("gauge", name, f"fxflops: {text}", where,
-                              float(peak[field]) * unit))
+        figure = peak.get(field)
+        if figure:
+            out.append(Sample("gauge", name, f"fxflops: {text}", where, float(figure) * unit))
     return out
 
 
@@ -220,6 +223,40 @@ def files_dir() -> str | None:
     if port is not None:
         return config.PROMETHEUS_DIR.get() or node_dir(port)
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or config.PROMETHEUS_DIR.get()
+
+
+def metrics_dir() -> str | None:
+    """Where the counters' files go (None: not asked for, or nowhere to go)."""
+    if not config.PROMETHEUS.get():
+        return None
+    where = files_dir()
+    if where is None:
+        warn_once("prometheus-nowhere", "fxflops: FXFLOPS_PROMETHEUS=1 but nowhere to write "
+                  "the counters: set FXFLOPS_PROMETHEUS_PORT (this node's exporter), "
+                  "PROMETHEUS_MULTIPROC_DIR or FXFLOPS_PROMETHEUS_DIR, or "
+                  "serve them with fxflops.recorder().register_prometheus()")
+    return where
+
+
+class PrometheusFiles(Sink):
+    """With ``FXFLOPS_PROMETHEUS``: the counters' files at each flush (``write_files``),
+    and this node's exporter where ``FXFLOPS_PROMETHEUS_PORT`` asks for one and no process
+    of the node serves it yet (one bind attempt per flush, never on the hot path)."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.recorder = rec
+
+    def writes(self) -> bool:
+        return metrics_dir() is not None
+
+    def flush(self, recorder: Recorder, final: bool) -> None:
+        where = metrics_dir()
+        if where:
+            write_or_warn(where, self._write)
+
+    def _write(self, directory: str) -> None:
+        write_files(self.recorder, directory)
+        serve_node(directory)
 
 
 def node_dir(port: int) -> str:
@@ -437,6 +474,7 @@ class RecorderCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        self.rec.settle()  # (open scopes' calls too)
         families: dict[str, Any] = {}
         for s in samples(self.rec):
             family = families.get(s.family)

@@ -184,6 +184,46 @@ class SizeStats:
         with self.lock:
             self.lost += 1
 
+    # --- a scope's rows, merged into the process-wide ones (``recording.scopes``) ---------
+
+    def mark(self) -> tuple[int, ...]:
+        """The counters a row only ever adds to, as they are now (``merge_from``'s mark)."""
+        with self.lock:
+            return (self.count, self.total_ns, self.timed, self.lost, self.runtime_flops,
+                    self.runtime_bytes, self.runtime_calls, self.captured)
+
+    def merge_from(self, other: SizeStats, since: tuple[int, ...] | None = None
+                   ) -> tuple[int, ...]:
+        """Add to this row what ``other`` (a row of the same graph and size) recorded since
+        ``since`` (the mark this returned for it before; None: all of it): its calls, its
+        samples' sum, its samples (the last ``cap`` of them, in order), its lost samples
+        and its run-time counts. Exact for every count and sum; returns the new mark. Each
+        row's lock is taken in turn, never both: ``other`` may be counting calls
+        meanwhile (they are merged the next time)."""
+        with other.lock:
+            now = other.mark()  # (re-entrant)
+            first = max(since[2] if since else 0, now[2] - other.cap)
+            samples = [other.window[i % other.cap] for i in range(first, now[2])]
+            groups = other.runtime_groups
+        then = since or (0,) * len(now)
+        count, total, timed, lost, flops, nbytes, calls, captured = (
+            a - b for a, b in zip(now, then))
+        with self.lock:
+            base = self.timed + timed - len(samples)  # the slots of the samples kept
+            for i, ns in enumerate(samples):
+                self.window[(base + i) % self.cap] = ns
+            self.timed += timed
+            self.total_ns += total
+            self.bulk += count
+            self.lost += lost
+            self.runtime_flops += flops
+            self.runtime_bytes += nbytes
+            self.runtime_calls += calls
+            self.captured += captured
+            if self.runtime_groups is None:
+                self.runtime_groups = groups
+        return now
+
     @property
     def samples_taken(self) -> int:
         return self.timed

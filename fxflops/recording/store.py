@@ -1,30 +1,27 @@
-"""The process-wide store: every instrumented graph, its per-size rows, whole forwards.
+"""The records the recorder (``recording.recorder``) keeps: each instrumented graph and its
+per-size rows (``GraphRecord``), the graphs fxflops could not instrument, the backward
+passes.
 
-It holds data and nothing else: the report, the metrics and the dumps read it (and keep
-their own caches), and ``fxflops.session`` writes them out (on a daemon thread, at exit, at
-a signal). The hot path only ever adds to a row; rows are made under a lock, and readers
-iterate over snapshots (``list(...)``, one C-level copy under the GIL), so a reader never
-sees a dict change size under it.
+They hold data and nothing else: the report, the metrics and the dumps read them (and keep
+their own caches). The hot path only ever adds to a row; rows are made under a lock, and
+readers iterate over snapshots (``list(...)``, one C-level copy under the GIL), so a reader
+never sees a dict change size under it. The rows a graph's calls go to are switched, never
+per call: by a warm-up phase (``phases``) and by a scope (``scopes``).
 """
 
 from __future__ import annotations
 
-import itertools
+import copy
 import logging
 import threading
-import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
-from fxflops import config, placement, torch_compat
+from fxflops import config, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
-from fxflops.recording import phases
-from fxflops.recording.engine_stats import EngineStats
-from fxflops.recording.phases import SERVING, phase
+from fxflops.recording.phases import SERVING
 from fxflops.recording.size_stats import SizeStats, size_label
-from fxflops.util import forget_warnings
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +46,14 @@ class GraphRecord:
         # keyed by what ``binder.key(args)`` returns (an int for one size symbol): the
         # rows of real traffic
         self.rows: dict[Any, SizeStats] = {}
-        # the rows calls go to now (``rows``, or a warm-up phase's), and the callables
-        # that read them on their hot path, rebound when the phase changes
-        self.active = self.rows
         self.warmup: dict[str, dict[Any, SizeStats]] = {}
+        # the phase calls are recorded in (``enter_phase``), and the innermost open scope's
+        # rows of this graph, by phase (``enter_scope``; None: no scope is open)
+        self.phase = SERVING
+        self.scoped: dict[str, dict[Any, SizeStats]] | None = None
+        # the rows calls go to now (``rows``, a warm-up phase's, or a scope's), and the
+        # callables that read them on their hot path, rebound when they change
+        self.active = self.rows
         self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the process's backward passes (a backward graph's calls note theirs there; set
         # by ``Recorder.register``)
@@ -95,25 +96,53 @@ class GraphRecord:
     def _row(self, phase: str | None, raw_key: Any) -> SizeStats:
         """(``phase`` None: the active one.)"""
         with self._lock:
-            if phase is None:
-                rows = self.active
-            else:
-                rows = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
-            row = rows.get(raw_key)
-            if row is not None:
-                return row
-            if len(rows) >= self.max_sizes:
-                if len(self.dropped_keys) < MAX_DROPPED_KEYS:
-                    self.dropped_keys.add(raw_key)
-                return self.overflow
+            rows = self.active if phase is None else self.phase_rows(phase)
+            # a scope's row of a size the graph has seen: its cost as evaluated then
+            return self._make(rows, raw_key, self.rows.get(raw_key) if self.scoped else None)
+
+    def _make(self, rows: dict[Any, SizeStats], raw_key: Any, like: SizeStats | None
+              ) -> SizeStats:
+        """(Under the lock.) The row of ``raw_key`` in ``rows``, made if new: its cost
+        evaluated for its size, or taken from ``like`` (a row of the same size elsewhere);
+        the overflow row past ``max_sizes``."""
+        row = rows.get(raw_key)
+        if row is not None:
+            return row
+        if len(rows) >= self.max_sizes:
+            if len(self.dropped_keys) < MAX_DROPPED_KEYS:
+                self.dropped_keys.add(raw_key)
+            return self.overflow
+        if like is not None and like.cost is not None:
+            row = SizeStats(like.key, like.size, like.cost)
+            row.runtime_terms = list(like.runtime_terms)
+        else:
             key = self.binder.as_tuple(raw_key)
             binding = dict(zip(self.cost.symbols, key))
             cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
             row = SizeStats(key, size_label(key) if key else self.static_size, cost)
             row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
                                  for kind, layer, f, b in self._runtime_terms]
-            rows[raw_key] = row
+        rows[raw_key] = row
+        return row
+
+    def adopt(self, rows: dict[Any, SizeStats], raw_key: Any, like: SizeStats,
+              blocking: bool = True) -> SizeStats | None:
+        """The row of ``raw_key`` in ``rows`` (a phase's, or an enclosing scope's), made
+        like ``like`` if new (no cost evaluated again): where a scope's row is merged.
+        Not ``blocking`` (a signal's flush): None if the lock is out of reach."""
+        row = rows.get(raw_key)
+        if row is not None:
             return row
+        if not self._lock.acquire(blocking=blocking):
+            return None
+        try:
+            return self._make(rows, raw_key, like)
+        finally:
+            self._lock.release()
+
+    def phase_rows(self, phase: str) -> dict[Any, SizeStats]:
+        """The process-wide rows of ``phase`` (``SERVING``: the real traffic's)."""
+        return self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
 
     def read_by(self, graph: Any) -> None:
         """``graph`` reads the active rows on its hot path (``graph.use_rows``)."""
@@ -121,11 +150,39 @@ class GraphRecord:
         graph.use_rows(self.active)
 
     def enter_phase(self, phase: str) -> None:
-        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's)."""
+        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's), or
+        an open scope's rows of that phase."""
         with self._lock:
-            self.active = self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
-            for graph in list(self.readers):
-                graph.use_rows(self.active)
+            self.phase = phase
+            self._rebind()
+
+    def enter_scope(self, scoped: dict[str, dict[Any, SizeStats]] | None) -> None:
+        """Send calls from now on to a scope's rows of this graph (by phase; None: the
+        process-wide rows again). O(readers), never a cost on the hot path."""
+        with self._lock:
+            self.scoped = scoped
+            self._rebind()
+
+    def _rebind(self) -> None:
+        """(Under the lock.) Point the active rows, and every reader, where calls go now."""
+        scoped = self.scoped
+        self.active = scoped.setdefault(self.phase, {}) if scoped is not None else \
+            self.phase_rows(self.phase)
+        for graph in list(self.readers):
+            graph.use_rows(self.active)
+
+    def with_rows(self, scoped: dict[str, dict[Any, SizeStats]]) -> GraphRecord:
+        """A read-only copy of this record whose rows are ``scoped``'s (a scope's, by
+        phase): what a scope's report reads. Its cost, names and kernels are this one's."""
+        view = copy.copy(self)
+        view.rows = dict(scoped.get(SERVING, {}))
+        view.warmup = {phase: dict(rows) for phase, rows in list(scoped.items())
+                       if phase != SERVING}
+        view.active, view.scoped = view.rows, None
+        view.readers = weakref.WeakSet()
+        view.overflow = SizeStats((), "overflow")
+        view.dropped_keys = set()
+        return view
 
     def warmup_rows(self) -> dict[str, list[SizeStats]]:
         """A snapshot of each warm-up phase's rows."""
@@ -186,164 +243,3 @@ class UninstrumentedGraph:
         """One call (from any thread: each counts)."""
         with self._lock:
             self.calls += 1
-
-
-def _row_of(rows: dict[int, SizeStats], size: int) -> SizeStats:
-    """A whole forward's row of ``size`` in ``rows``, made at its first step (setdefault:
-    two threads that make it keep one)."""
-    row = rows.get(size)
-    if row is None:
-        row = rows.setdefault(size, SizeStats((size,), size))
-    return row
-
-
-class Recorder:
-    """The process's graphs and rows (``fxflops.outputs.session.Session`` adds the outputs)."""
-
-    def __init__(self) -> None:
-        self.graphs: list[GraphRecord] = []
-        # whole forwards (vLLM), per size: real traffic's, and each warm-up phase's
-        self.forwards: dict[int, SizeStats] = {}
-        self.warmup_forwards: dict[str, dict[int, SizeStats]] = {}
-        self._active_forwards = self.forwards
-        # a speculative decoder's drafter passes (vLLM), per size: real traffic's only
-        self.draft_forwards: dict[int, SizeStats] = {}
-        # graphs fxflops could not instrument (they run as compiled, counted where possible)
-        self.uninstrumented: list[UninstrumentedGraph] = []
-        self.info: dict[str, Any] = {}
-        # collectives outside the graphs (FSDP2's), by kind: [calls, bytes]
-        self.collectives: dict[str, list[int]] = {}
-        self.backward_passes = BackwardPasses()
-        # what a serving engine says of its steps (its own estimate, its drafts' acceptance)
-        self.engine = EngineStats()
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-        self.run_id = placement.run_id()
-        self.started = time.time()
-        now = phases.watch(self)
-        if now != SERVING:  # made during a warm-up (its first graph compiled there)
-            self.switch(now)
-
-    # --- registration (compile time) -------------------------------------------------
-
-    def register(self, name: str, cost: GraphCost, static_size: int | str = "static",
-                 meta: dict[str, Any] | None = None) -> GraphRecord:
-        """A new graph; ``name`` may hold ``{index}`` (its place among this process's)."""
-        with self._lock:
-            index = next(self._ids)
-            record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
-            record.passes = self.backward_passes
-            if phase() != SERVING:  # compiled during a warm-up: its calls there are warm-up
-                record.enter_phase(phase())
-            self.graphs.append(record)
-        self.registered(record)
-        return record
-
-    def register_uninstrumented(self, name: str, reason: str) -> UninstrumentedGraph:
-        """A graph that runs uninstrumented, and why (``name`` may hold ``{index}``)."""
-        with self._lock:
-            entry = UninstrumentedGraph(name.format(index=next(self._ids)), reason)
-            self.uninstrumented.append(entry)
-        self.registered(entry)
-        return entry
-
-    def unregister(self, record: GraphRecord) -> None:
-        """Forget a graph whose compile failed after it was registered."""
-        with self._lock:
-            if record in self.graphs:
-                self.graphs.remove(record)
-
-    def registered(self, record: Any) -> None:
-        """Called after each registration (the session starts its outputs there)."""
-
-    def reserve_index(self) -> int:
-        """An index no graph of this process has (to name a backward graph whose forward
-        could not be registered: ``graph3.backward``)."""
-        with self._lock:
-            return next(self._ids)
-
-    def forward_row(self, size: int) -> SizeStats:
-        return _row_of(self._active_forwards, size)
-
-    def draft_forward_row(self, size: int) -> SizeStats | None:
-        """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are
-        dummy passes, which count nothing)."""
-        if self._active_forwards is not self.forwards:
-            return None
-        return _row_of(self.draft_forwards, size)
-
-    # --- warm-up ------------------------------------------------------------------------
-
-    def switch(self, phase: str) -> None:
-        """Send calls from now on to ``phase``'s rows (``warmup`` calls it)."""
-        with self._lock:
-            self._active_forwards = self.forwards if phase == SERVING else \
-                self.warmup_forwards.setdefault(phase, {})
-            for g in list(self.graphs):
-                g.enter_phase(phase)
-
-    # --- reading ----------------------------------------------------------------------
-
-    def graphs_snapshot(self) -> list[GraphRecord]:
-        return list(self.graphs)
-
-    def forwards_snapshot(self, workload: str = "target") -> list[SizeStats]:
-        """Whole-forward rows: the target model's, or (``"draft"``) its drafter's passes."""
-        return list((self.draft_forwards if workload == "draft" else self.forwards).values())
-
-    def warmup_forwards_snapshot(self) -> dict[str, list[SizeStats]]:
-        return {phase: list(rows.values()) for phase, rows in list(self.warmup_forwards.items())
-                if rows}
-
-    def reset(self) -> None:
-        """Forget every row (graphs stay registered: their callables still point here)."""
-        for g in self.graphs_snapshot():
-            g.clear_counts()
-        self.forwards.clear()
-        self.draft_forwards.clear()
-        for forwards in self.warmup_forwards.values():
-            forwards.clear()
-        self.collectives.clear()
-        self.backward_passes.by_size.clear()
-        self.engine.clear()
-        for entry in list(self.uninstrumented):
-            entry.calls = 0
-
-    def after_fork(self) -> None:
-        """(In a forked child.) Start from empty counts and new locks: the parent's calls
-        are the parent's report's."""
-        self._lock = threading.Lock()
-        for g in self.graphs_snapshot():
-            g.after_fork()  # (its own new lock, then the same clearing as reset's)
-        self.reset()
-        self.started = time.time()
-
-
-# the process's recorder: made by ``fxflops.outputs.session.recorder()`` (a Session: the
-# store with its outputs), read here by whatever must not make one (a signal, an exit hook)
-_RECORDER: Recorder | None = None
-_MAKING = threading.Lock()
-
-
-def current_or_make(make: Callable[[], Recorder], keep: Callable[[Recorder], bool]
-                    ) -> Recorder:
-    """The process's recorder if ``keep(it)``, else a new one from ``make()``, made once
-    under a lock however many threads ask."""
-    global _RECORDER
-    with _MAKING:
-        if _RECORDER is None or not keep(_RECORDER):
-            _RECORDER = make()
-        return _RECORDER
-
-
-def current() -> Recorder | None:
-    """The recorder if one was made (a signal or exit hook must not make one)."""
-    return _RECORDER
-
-
-def replace_recorder() -> Recorder | None:
-    """Drop the current recorder (``session.reset_recorder``); returns it."""
-    global _RECORDER
-    old, _RECORDER = _RECORDER, None
-    forget_warnings()
-    return old

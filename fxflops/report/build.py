@@ -17,6 +17,7 @@ from fxflops.report.figures import (
     forward_cost,
     forward_costs,
     forward_graphs,
+    graph_rows,
     kernel_figures,
     padding_figures,
     row_figures,
@@ -24,10 +25,11 @@ from fxflops.report.figures import (
 )
 from fxflops.report.peaks import process_peak
 from fxflops.report.rows import flat_rows
-from fxflops.report.schema import SCHEMA
+from fxflops.report.schema import SCHEMA, GraphRow, PeakFigures, RowFigures
 
 if TYPE_CHECKING:
-    from fxflops.recording.store import GraphRecord, Recorder
+    from fxflops.recording.recorder import Recorder
+    from fxflops.recording.store import GraphRecord
 
 
 # --- building ---------------------------------------------------------------------------
@@ -108,8 +110,8 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
     return summary
 
 
-def forward_figures_of(rec: Recorder, peak: dict[str, Any], workload: str = "target"
-                       ) -> Callable[[SizeStats], dict[str, Any]]:
+def forward_figures_of(rec: Recorder, peak: PeakFigures | dict[str, Any],
+                       workload: str = "target") -> Callable[[SizeStats], RowFigures]:
     """A whole-forward row's figures: its graphs' cost at its size, its padding (a
     drafter pass's, ``workload="draft"``: its graphs', no padding)."""
     costs = forward_costs(rec, workload)
@@ -117,10 +119,19 @@ def forward_figures_of(rec: Recorder, peak: dict[str, Any], workload: str = "tar
         return lambda r: row_figures(r, peak, forward_cost(costs, r))
     flops_at = _general_flops(rec)
 
-    def forward_figures(r: SizeStats) -> dict[str, Any]:
-        return {**row_figures(r, peak, forward_cost(costs, r)), **padding_figures(r, flops_at)}
+    def forward_figures(r: SizeStats) -> RowFigures:
+        fig: RowFigures = {**row_figures(r, peak, forward_cost(costs, r)),
+                           **padding_figures(r, flops_at)}
+        return fig
 
     return forward_figures
+
+
+def recorder_rows(rec: Recorder) -> list[GraphRow]:
+    """Per graph and size: calls, median, FLOPs, rates (what the report's rows say, with
+    the graph's name and id)."""
+    peak = process_peak(rec.info)
+    return [row for g in rec.graphs_snapshot() for row in graph_rows(g, peak)]
 
 
 def build_report(rec: Recorder) -> dict[str, Any]:
@@ -128,7 +139,7 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     records = rec.graphs_snapshot()
     passes = rec.backward_passes.by_size
 
-    def graph_row(g: GraphRecord, r: SizeStats) -> dict[str, Any]:
+    def graph_row(g: GraphRecord, r: SizeStats) -> RowFigures:
         fig = row_figures(r, peak)
         if g.kernels and r is not g.overflow:
             fig = {**fig, **kernel_figures(g, r, fig, peak)}
@@ -175,13 +186,14 @@ def build_report(rec: Recorder) -> dict[str, Any]:
     return data
 
 
-def _warmup(phases: dict[str, list[SizeStats]], figures: Callable[[SizeStats], dict[str, Any]]
-            ) -> dict[str, list[dict[str, Any]]]:
+def _warmup(phases: dict[str, list[SizeStats]], figures: Callable[[SizeStats], RowFigures]
+            ) -> dict[str, list[RowFigures]]:
     """``{"warmup": rows}``, each row marked with its phase (vLLM's profile run, warm-up
     compiles, CUDA-graph capture: not traffic, left out of every table by default); ``{}``
     without any."""
-    rows = [{**figures(r), "warmup": phase} for phase, phase_rows in sorted(phases.items())
-            for r in sorted_rows(phase_rows)]
+    rows: list[RowFigures] = [{**figures(r), "warmup": phase}
+                              for phase, phase_rows in sorted(phases.items())
+                              for r in sorted_rows(phase_rows)]
     return {"warmup": rows} if rows else {}
 
 

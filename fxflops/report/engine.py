@@ -25,6 +25,7 @@ likely reason (the engine's own, as its integration gives it, else a plain one).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import evaluate
@@ -33,7 +34,8 @@ from fxflops.report.figures import forward_graphs
 
 if TYPE_CHECKING:
     from fxflops.recording.engine_stats import EngineStats, EstimateRow
-    from fxflops.recording.store import GraphRecord, Recorder
+    from fxflops.recording.recorder import Recorder
+    from fxflops.recording.store import GraphRecord
 
 # measured against estimated, per component and for the whole: a difference above this
 # share of the estimate (LM head aside) is named
@@ -107,7 +109,7 @@ def compare(measured: dict[str, float], estimate: dict[str, float],
             "differs": differs}
 
 
-def measured_components(rec: Recorder, fig: dict[str, Any]) -> dict[str, float]:
+def measured_components(rec: Recorder, fig: Mapping[str, Any]) -> dict[str, float]:
     """A forward row's matmul FLOPs per step by component: attention (counted at run time),
     the MoE ops (their static count and the tokens other DP ranks sent them), padding (the
     static FLOPs' share spent on padded tokens), the rest."""
@@ -121,7 +123,8 @@ def measured_components(rec: Recorder, fig: dict[str, Any]) -> dict[str, float]:
             "rest": (static - moe) * (1 - share), "padding": static * share, "lm_head": 0.0}
 
 
-def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def estimate_comparison(rec: Recorder, forward: Sequence[Mapping[str, Any]]
+                        ) -> list[dict[str, Any]]:
     """Per forward row (the report's ``forward``): measured and estimated FLOPs per step by
     component, their ratio and what differs; and ``"all"``, over every row compared. Empty
     where no graph was compiled (nothing measured to set beside it)."""
@@ -156,7 +159,7 @@ def estimate_comparison(rec: Recorder, forward: list[dict[str, Any]]) -> list[di
     return out
 
 
-def spec_decode_figures(engine: EngineStats, forward: list[dict[str, Any]]
+def spec_decode_figures(engine: EngineStats, forward: Sequence[Mapping[str, Any]]
                         ) -> dict[str, Any] | None:
     """Drafts proposed and accepted, and what the rejected ones cost the target: its FLOPs
     per scheduled token over the run's forwards (every step's, drafts verified included)
@@ -176,7 +179,8 @@ def spec_decode_figures(engine: EngineStats, forward: list[dict[str, Any]]
             "flops_per_scheduled_token": per_token}
 
 
-def engine_section(rec: Recorder, forward: list[dict[str, Any]]) -> dict[str, Any] | None:
+def engine_section(rec: Recorder, forward: Sequence[Mapping[str, Any]]
+                   ) -> dict[str, Any] | None:
     """The report's ``engine`` section (None: the engine said nothing)."""
     engine = rec.engine
     estimates = engine.estimates_snapshot()

@@ -12,23 +12,32 @@ from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import CostAt
 from fxflops.recording.size_stats import SizeStats, parse_size
+from fxflops.report.schema import (
+    GraphRow,
+    KernelFigures,
+    Padding,
+    PeakFigures,
+    RowFigures,
+    Throughput,
+)
 
 if TYPE_CHECKING:
-    from fxflops.recording.store import GraphRecord, Recorder
+    from fxflops.recording.recorder import Recorder
+    from fxflops.recording.store import GraphRecord
 
 
 
 
 def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
                peak_tflops: float | None, peak_gbps: float | None,
-               recomputed_matmul_flops: float = 0) -> dict[str, Any]:
+               recomputed_matmul_flops: float = 0) -> Throughput:
     """Achieved rates, MFU and HFU, and the roofline verdict.
 
     MFU is the model's matmul FLOPs (``matmul_flops`` less what was recomputed) against the
     peak; HFU all the matmul FLOPs that ran. They differ only where a backward graph
     recomputes forward work.
     """
-    out: dict[str, Any] = {"tflops": None, "gbps": None, "mfu": None, "hfu": None,
+    out: Throughput = {"tflops": None, "gbps": None, "mfu": None, "hfu": None,
                            "intensity": None, "bound": None, "roofline_ms": None,
                            "roofline_share": None}
     if bytes_:
@@ -52,7 +61,7 @@ def throughput(flops: float, matmul_flops: float, bytes_: float, seconds: float,
 
 
 # this module's caches, beside the store's objects (which know nothing of reports)
-_FIGURES: weakref.WeakKeyDictionary[SizeStats, tuple[Any, dict[str, Any]]] = \
+_FIGURES: weakref.WeakKeyDictionary[SizeStats, tuple[Any, RowFigures]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -61,8 +70,8 @@ _KERNELS_AT: weakref.WeakKeyDictionary[SizeStats, list[dict[str, Any]]] = \
     weakref.WeakKeyDictionary()
 
 
-def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
-                ) -> dict[str, Any]:
+def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
+                cost: CostAt | None = None) -> RowFigures:
     """A row's figures (a whole forward's row: with its ``cost``, see ``forward_costs``);
     recomputed only when the row changed since they were last made (a flush of thousands
     of sizes redoes only those that ran since the last one)."""
@@ -79,12 +88,15 @@ def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
     bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
-    fig: dict[str, Any] = {
+    totals = row.totals(cost)
+    recomputed_matmul = cost.recomputed_matmul_flops if cost else 0
+    fig: RowFigures = {
         "size": row.size, "key": list(row.key), "calls": row.count,
         # calls timed (CUDA events time a call after it is counted), and calls whose time
         # never came (dropped past the in-flight cap, or a replay read too late)
         "timed_calls": row.samples_taken, "lost_samples": row.lost,
-        "total_ms": row.total_ns / 1e6, **pct,
+        "total_ms": row.total_ns / 1e6, "median_ms": pct["median_ms"],
+        "p10_ms": pct["p10_ms"], "p90_ms": pct["p90_ms"],
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),
         "runtime_bytes": int(runtime_bytes),
         # the run-time counts summed over the calls (exact; the per-call figures above are
@@ -93,21 +105,21 @@ def row_figures(row: SizeStats, peak: dict[str, Any], cost: CostAt | None = None
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
         "recomputed_flops": cost.recomputed_flops if cost else 0,
-        "recomputed_matmul_flops": cost.recomputed_matmul_flops if cost else 0,
+        "recomputed_matmul_flops": recomputed_matmul,
         # of matmul_flops, what layers' sizes gave (ops no formula counted right)
         "estimated_flops": cost.estimated_flops if cost else 0,
+        "total_flops": totals[0], "total_matmul_flops": totals[1], "total_bytes": totals[2],
+        **throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3, peak.get("tflops"),
+                     peak.get("gbps"), recomputed_matmul),
     }
     if row.runtime_by_kind and calls:  # whole forwards: the run-time FLOPs by kind
         fig["runtime_kinds"] = {k: v / calls for k, v in sorted(row.runtime_by_kind.items())}
-    fig["total_flops"], fig["total_matmul_flops"], fig["total_bytes"], _ = row.totals(cost)
-    fig.update(throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3,
-                          peak.get("tflops"), peak.get("gbps"), fig["recomputed_matmul_flops"]))
     _FIGURES[row] = (stamp, fig)
     return fig
 
 
-def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: dict[str, Any]
-                   ) -> dict[str, Any]:
+def kernel_figures(g: GraphRecord, row: SizeStats, fig: RowFigures,
+                   peak: PeakFigures | dict[str, Any]) -> KernelFigures:
     """A row's kernels (``fxflops.kernels``): FLOPs, matmul FLOPs and boundary bytes at its
     size (adding up to the row's FLOPs exactly: its run-time FLOPs go to the kernels that
     hold run-time nodes), and where profiled each kernel's median time, rates and roofline;
@@ -137,7 +149,7 @@ def kernel_figures(g: GraphRecord, row: SizeStats, fig: dict[str, Any], peak: di
             entry["intensity"] = throughput(entry["flops"], 0, entry["bytes"], 0, None,
                                             None)["intensity"]
         out.append(entry)
-    result: dict[str, Any] = {"kernels": out}
+    result: KernelFigures = {"kernels": out}
     if prof is not None and prof.calls:
         # per call, its kernels' time is within the call's: the medians keep that order
         kernels_ms = median(prof.kernels_ns) / 1e6
@@ -171,7 +183,7 @@ def sorted_rows(rows: Any) -> list[SizeStats]:
     return sorted((r for r in rows if r.count), key=lambda r: size_order(r.size))
 
 
-def graph_rows(g: GraphRecord, peak: dict[str, Any]) -> list[dict[str, Any]]:
+def graph_rows(g: GraphRecord, peak: PeakFigures | dict[str, Any]) -> list[GraphRow]:
     return [{"graph": g.name, "graph_id": g.id, **row_figures(r, peak)}
             for r in sorted_rows(g.all_rows())]
 
@@ -203,7 +215,7 @@ def forward_cost(costs: dict[Any, CostAt], row: SizeStats) -> CostAt:
     return costs.get(row.size) or CostAt(*([0] * len(CostAt._fields)))
 
 
-def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> dict[str, Any]:
+def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> Padding:
     """What padding cost a whole-forward row: its forwards ran at the row's size with fewer
     tokens scheduled (vLLM pads a step up to the next CUDA-graph size). Token share exact;
     FLOPs share from the graphs' own cost at the scheduled sizes (``flops_at``; None when

@@ -188,7 +188,8 @@ STARTED = ".started"
 
 
 def started_filename() -> str:
-    """This process's started-file (see ``session``): a report that never came is named."""
+    """This process's started-file (see ``outputs.report_files``): a report that never
+    came is named."""
     return f"fxflops-{socket.gethostname()}-{os.getpid()}{STARTED}"
 
 

@@ -24,7 +24,7 @@ say what they merged (``merged``: shards, stages, replicas) and how.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fxflops.report.figures import throughput
@@ -41,7 +41,7 @@ _COUNTS = ("timed_calls", "lost_samples")
 _TIMES = ("median_ms", "p10_ms", "p90_ms")
 
 
-def _coords(r: dict[str, Any]) -> tuple[Any, Any, Any]:
+def _coords(r: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     """(replica, stage, shard) of a row's process; older reports: the rank is a shard."""
     tp = r.get("tp")
     if tp is None and r.get("pp") is None and r.get("dp") is None:
@@ -49,13 +49,13 @@ def _coords(r: dict[str, Any]) -> tuple[Any, Any, Any]:
     return r.get("dp") or 0, r.get("pp") or 0, tp
 
 
-def merge_rows(rows: Iterable[dict[str, Any]], peak: dict[str, Any] | None = None
+def merge_rows(rows: Iterable[Mapping[str, Any]], peak: Mapping[str, Any] | None = None
                ) -> list[dict[str, Any]]:
     """The merged rows of the processes in ``rows`` (never across runs): per stage where
     there is a pipeline, and for the whole job. See the module's text."""
     peak = peak or {}
     out: list[dict[str, Any]] = []
-    by_run: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_run: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_run[r.get("run")].append(r)
     for run_rows in by_run.values():
@@ -63,9 +63,10 @@ def merge_rows(rows: Iterable[dict[str, Any]], peak: dict[str, Any] | None = Non
     return out
 
 
-def _merge_run(rows: list[dict[str, Any]], peak: dict[str, Any]) -> list[dict[str, Any]]:
+def _merge_run(rows: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]
+               ) -> list[dict[str, Any]]:
     # 1. shards, per (replica, stage, graph, size)
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         dp, pp, _ = _coords(r)
         groups[(dp, pp, r["graph"], r.get("warmup"), str(r["size"]))].append(r)
@@ -90,9 +91,9 @@ def _merge_run(rows: list[dict[str, Any]], peak: dict[str, Any]) -> list[dict[st
             for group in per_graph.values()]
 
 
-def _shards(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
+def _shards(group: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]) -> dict[str, Any]:
     """Tensor-parallel shards of one graph and size: their parts of the work add up."""
-    first_of_shard: dict[Any, dict[str, Any]] = {}
+    first_of_shard: dict[Any, Mapping[str, Any]] = {}
     for r in group:
         first_of_shard.setdefault(_coords(r)[2], r)
     shards = list(first_of_shard.values())
@@ -114,7 +115,7 @@ def _shards(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]
     return _rates(m, peak)
 
 
-def _replicas(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
+def _replicas(group: list[dict[str, Any]], peak: Mapping[str, Any]) -> dict[str, Any]:
     """Replicas of one graph and size: calls and totals add, per-call figures stay."""
     if len(group) == 1:
         return {k: v for k, v in group[0].items() if not k.startswith("_")}
@@ -136,7 +137,7 @@ def _replicas(group: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in _rates(m, peak).items() if not k.startswith("_")}
 
 
-def _pipelines(stage_rows: list[dict[str, Any]], stages: int, peak: dict[str, Any]
+def _pipelines(stage_rows: list[dict[str, Any]], stages: int, peak: Mapping[str, Any]
                ) -> list[dict[str, Any]]:
     """Per replica and size, the stages' whole forwards (vLLM's ``<forward>`` rows; else
     every graph) added into the model's; then the replicas."""
@@ -171,7 +172,7 @@ def _pipelines(stage_rows: list[dict[str, Any]], stages: int, peak: dict[str, An
             for group in by_key.values()]
 
 
-def _rates(m: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:
+def _rates(m: dict[str, Any], peak: Mapping[str, Any]) -> dict[str, Any]:
     """Rates, MFU and the roofline against the peak of the devices the row ran on."""
     devices = m.get("_devices") or m.get("ranks") or 1
     m["gflops"] = (m.get("flops") or 0) / 1e9

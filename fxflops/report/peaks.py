@@ -4,7 +4,8 @@ Figures are the vendors' datasheet numbers for dense math (the sparse figures ar
 these). A CPU has no table entry: its peak is derived from its ISA, cores and clock
 (``cpu_peak``, source ``derived: ...``), or measured once (``fxflops peak --measure``,
 source ``measured``), which then replaces it. ``FXFLOPS_PEAK_TFLOPS`` /
-``FXFLOPS_PEAK_GBPS`` override both.
+``FXFLOPS_PEAK_GBPS`` override both. ``peak()`` (``fxflops.peak``) is the public way to
+the figures a report uses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import dataclasses
 from typing import Any
 
 from fxflops import config
+from fxflops.recording.recorder import current
 from fxflops.report.cpu_peak import host_peak
+from fxflops.report.schema import PeakFigures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +128,12 @@ def load_measured(device_name: str) -> dict[str, Any] | None:
     return entry
 
 
-def process_peak(info: dict[str, Any]) -> dict[str, Any]:
+def process_peak(info: dict[str, Any]) -> PeakFigures:
     """The peak of the device and dtype a process noted (``Recorder.info``)."""
     return current_peak(info.get("device"), info.get("dtype", "bf16"))
 
 
-def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[str, Any]:
+def current_peak(device_name: str | None = None, dtype: str = "bf16") -> PeakFigures:
     """``{"tflops", "gbps", "source"}`` for this device and dtype: the table's (a known
     device), else what ``fxflops peak --measure`` measured here (source ``measured``); the
     environment overrides both."""
@@ -152,3 +155,71 @@ def current_peak(device_name: str | None = None, dtype: str = "bf16") -> dict[st
         gbps = env_g
         source = "env" if source in ("none", "env") else source + "+env"
     return {"tflops": tflops, "gbps": gbps, "source": source}
+
+
+def device_name(device: Any = "cpu") -> str:
+    """A device's name as reports give it (what its peak is looked up by):
+    ``torch.cuda.get_device_name()`` for a CUDA device (``"cuda"``, ``"cuda:1"``, a
+    ``torch.device``), ``cpu:<processor>`` for the CPU."""
+    import torch
+
+    where = torch.device(device)
+    if where.type == "cuda":
+        return torch.cuda.get_device_name(where.index)
+    import platform
+
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePeak:
+    """A device's peak as the report uses it (its ``peak``: MFU, HFU, rooflines)."""
+
+    device: str  # its name (``device_name``)
+    dtype: str  # what the FLOP/s are for: bf16, fp16, fp32, tf32, fp8, int8
+    flops_per_s: float | None  # dense FLOP/s (None: unknown)
+    bytes_per_s: float | None  # memory bandwidth, bytes/s (None: unknown)
+    source: str  # table:<device>:<dtype>, measured, derived: ..., env, or none
+
+    @property
+    def tflops(self) -> float | None:
+        return self.flops_per_s / 1e12 if self.flops_per_s is not None else None
+
+    @property
+    def gbps(self) -> float | None:
+        return self.bytes_per_s / 1e9 if self.bytes_per_s is not None else None
+
+
+def peak(device: Any = None, dtype: Any = None) -> DevicePeak:
+    """The peak FLOP/s and bytes/s of ``device`` for ``dtype``, as the report uses them
+    (``fxflops.peak``). ``device``: ``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``
+    or a device's name; None: the device this process's graphs ran on (the report's own
+    peak), else the current CUDA device, else the CPU. ``dtype``: ``"bf16"``, ``"fp16"``,
+    ``"fp32"``, ``"tf32"``, ``"fp8"``, ``"int8"`` or a ``torch.dtype``; None: the dtype of
+    the process's matmuls where ``device`` is theirs, else bf16. The table's figure for a
+    known device, what ``fxflops peak --measure`` measured here, or a CPU's derived one;
+    ``FXFLOPS_PEAK_TFLOPS`` / ``FXFLOPS_PEAK_GBPS`` override them."""
+    rec = current()
+    info = rec.info if rec is not None else {}
+    if device is None and info.get("device"):
+        name = info["device"]
+    elif device is None:
+        import torch
+
+        name = device_name("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError, TypeError):  # not a device: a device's name
+            name = str(device)
+        else:
+            name = device_name(device)
+    if dtype is None:
+        dtype = info.get("dtype", "bf16") if name == info.get("device") else "bf16"
+    dtype = DTYPE_NAMES.get(str(dtype), str(dtype))
+    figures = current_peak(name, dtype)
+    tflops, gbps = figures["tflops"], figures["gbps"]
+    return DevicePeak(name, dtype, tflops * 1e12 if tflops else None,
+                      gbps * 1e9 if gbps else None, figures["source"])

@@ -4,23 +4,18 @@ process's place: what merges, tables and plots read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 from fxflops.placement import place_of
 from fxflops.report.files import run_id
-
-if TYPE_CHECKING:
-    pass
-
-
-
+from fxflops.report.schema import FlatRow
 
 # the rows of whole forwards (vLLM): the target's, and a speculative decoder's drafter
 # passes; the other rows are graphs'
 WHOLE_FORWARDS = ("<forward>", "<draft>")
 
 
-def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[str, Any]]:
+def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[FlatRow]:
     """Every (graph, size) row of every report, tagged with its run, process and placement;
     with ``warmup``, the warm-up rows too (each with its ``warmup`` phase).
 
@@ -31,7 +26,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[
     ``source`` and ``frame``; a drafter's graphs and passes (``<draft>``) their
     ``workload: draft``.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for rep in reports:
         proc = rep["process"]
         ranks = {k: v for k, v in (proc.get("ranks") or {}).items() if k != "rank"}
@@ -55,6 +50,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[dict[
             rows.append({**tags, "graph": "<forward>", **r})
         for r in rep.get("draft_forward", []):  # a speculative decoder's drafter passes
             rows.append({**tags, "graph": "<draft>", "workload": "draft", **r})
-    return rows
+    # (each row is a report's, read from JSON, tagged: validated as such by ``load_report``)
+    return cast("list[FlatRow]", rows)
 
 

@@ -1,22 +1,148 @@
-"""The report's schema: its version, and the validation that refuses, in one line for the
-user, any report that is not whole and sane (``ReportError``).
+"""The report's schema: its version, the rows it holds as types (``RowFigures``,
+``GraphRow``, ``FlatRow``, ``PeakFigures``: what crosses from the recorder to the report,
+the outputs and the CLI), and the validation that refuses, in one line for the user, any
+report that is not whole and sane (``ReportError``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from fxflops.placement import FIELDS as PLACEMENT_FIELDS
 
-if TYPE_CHECKING:
-    pass
-
-
-
-
 SCHEMA = "fxflops.report/1"
+
+
+# --- the rows, as types (at run time they are the dicts the JSON holds) ----------------------
+
+
+class PeakFigures(TypedDict):
+    """A report's ``peak``: the device's dense TFLOP/s for the dtype, its GB/s, and where
+    they come from (``table:<device>:<dtype>``, ``measured``, ``derived: ...``, ``env``,
+    ``none``)."""
+
+    tflops: float | None
+    gbps: float | None
+    source: str
+
+
+class Throughput(TypedDict):
+    """Achieved rates and the roofline verdict (``figures.throughput``)."""
+
+    tflops: float | None
+    gbps: float | None
+    mfu: float | None
+    hfu: float | None
+    intensity: float | None
+    bound: str | None
+    roofline_ms: float | None
+    roofline_share: float | None
+
+
+class _RowFiguresAlways(Throughput):
+    size: int | str
+    key: list[int]
+    calls: int
+    timed_calls: int
+    lost_samples: int
+    total_ms: float
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    flops: int
+    matmul_flops: int
+    runtime_flops: int
+    runtime_bytes: int
+    total_runtime_flops: int
+    total_runtime_bytes: int
+    bytes_io: int
+    bytes_nodes: int
+    gflops: float
+    recomputed_flops: int
+    recomputed_matmul_flops: int
+    estimated_flops: int
+    total_flops: int
+    total_matmul_flops: int
+    total_bytes: int
+
+
+class RowFigures(_RowFiguresAlways, total=False):
+    """One (graph, size) row of a report (``graphs[i].rows``, ``forward``, ``warmup``):
+    what ``figures.row_figures`` makes, and what some rows add (docs/reference.md)."""
+
+    # a whole forward's run-time FLOPs per call by kind
+    runtime_kinds: dict[str, float]
+    # a mapped graph's kernels (``figures.kernel_figures``)
+    kernels: list[dict[str, Any]]
+    kernels_profile: dict[str, Any]
+    # a backward graph's: the process's backward passes at this size
+    backward_passes: int
+    # a whole forward's padding (``figures.padding_figures``)
+    scheduled_tokens: int
+    padding_tokens: int
+    padding_share: float
+    padding_flops_share: float
+    padding_ms: float
+    scheduled: dict[str, int]
+    captured: int
+    # a warm-up row's phase
+    warmup: str
+
+
+class Padding(TypedDict):
+    """What padding cost a whole forward's row (``figures.padding_figures``)."""
+
+    scheduled_tokens: int
+    padding_tokens: int
+    padding_share: float
+    padding_flops_share: float
+    padding_ms: float
+    scheduled: dict[str, int]
+    captured: int
+
+
+class KernelFigures(TypedDict, total=False):
+    """A mapped graph's row's kernels (``figures.kernel_figures``)."""
+
+    kernels: list[dict[str, Any]]
+    kernels_profile: dict[str, Any]
+
+
+class GraphRow(RowFigures):
+    """A row of ``fxflops.recorder().stats()`` and ``fxflops.scope().rows()``: a report
+    row with its graph's name and id."""
+
+    graph: str
+    graph_id: int
+
+
+class FlatRow(RowFigures, total=False):
+    """A row of ``rows.flat_rows``: a report row tagged with its run, process, placement
+    and graph (what merges, tables and plots read)."""
+
+    graph: str
+    run: str
+    rank: int | str | None
+    pid: int | None
+    place: str
+    fingerprint: str | None
+    phase: str | None
+    source: str | None
+    frame: int | str | None
+    piece: int | None
+    workload: str | None
+    collective_bytes_total: int
+    world: int | None
+    dp: int | None
+    dp_size: int | None
+    pp: int | None
+    pp_size: int | None
+    tp: int | None
+    tp_size: int | None
+    node: int | None
+    nodes: int | None
 
 
 class ReportError(ValueError):

@@ -28,6 +28,7 @@ model FLOPs (recomputation left out), HFU every FLOP that ran; see docs/conventi
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fxflops.report.figures import throughput
@@ -36,12 +37,12 @@ _TRAINING = ("forward", "backward")
 _SUMMED = ("flops", "matmul_flops", "bytes_io", "recomputed_flops", "recomputed_matmul_flops")
 
 
-def training_steps(rows: list[dict[str, Any]], peak: dict[str, Any] | None = None
+def training_steps(rows: Sequence[Mapping[str, Any]], peak: Mapping[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
     """One row per (run, rank, process, size) that ran backward graphs; ``rows`` as
     ``report.flat_rows`` makes them (merged rows of several ranks are left out)."""
     peak = peak or {}
-    by_process: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    by_process: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("rank") != "all" and r.get("graph") != "<forward>" and r.get("calls") and \
                 not r.get("warmup"):
@@ -57,7 +58,7 @@ def training_steps(rows: list[dict[str, Any]], peak: dict[str, Any] | None = Non
         passes = _passes(proc_rows)
         steps_total = sum(passes.values()) if passes else max(backward_calls.values())
         once_a_step = _once_a_step(proc_rows, steps_total)
-        sizes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        sizes: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for r in proc_rows:
             if r.get("phase") in _TRAINING:
                 sizes[str(r["size"])].append(r)
@@ -72,7 +73,7 @@ def training_steps(rows: list[dict[str, Any]], peak: dict[str, Any] | None = Non
     return out
 
 
-def _passes(rows: list[dict[str, Any]]) -> dict[str, int]:
+def _passes(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Backward passes per size, as the process counted them (its backward rows'
     ``backward_passes``; reports from before: empty)."""
     out: dict[str, int] = {}
@@ -82,7 +83,7 @@ def _passes(rows: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def _frame(r: dict[str, Any]) -> Any:
+def _frame(r: Mapping[str, Any]) -> Any:
     """The frame a row's graph was compiled from (reports without it: its own graph), and
     its piece where DDP's optimizer split the frame's graph (every piece runs a step)."""
     frame = r.get("frame")
@@ -91,12 +92,13 @@ def _frame(r: dict[str, Any]) -> Any:
     return ("frame", frame, r.get("piece"))
 
 
-def _once_a_step(rows: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+def _once_a_step(rows: Sequence[Mapping[str, Any]], steps: int
+                 ) -> list[Mapping[str, Any]]:
     """Rows of the frames (of graphs not forward or backward) whose calls equal ``steps``.
     A frame that has training graphs is the model's: its other graphs (compiled under
     ``no_grad``, ``phase`` "inference" or none) are evaluation between steps, not in them."""
     training = {_frame(r) for r in rows if r.get("phase") in _TRAINING}
-    by_frame: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_frame: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         frame = _frame(r)
         if r.get("phase") not in (*_TRAINING, "inference") and frame not in training:
@@ -105,17 +107,17 @@ def _once_a_step(rows: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]
             if sum(r["calls"] for r in frame_rows) == steps for r in frame_rows]
 
 
-def _per_call(rows: list[dict[str, Any]], field: str) -> float:
+def _per_call(rows: Sequence[Mapping[str, Any]], field: str) -> float:
     """Per frame, the calls-weighted mean of ``field`` over its rows; summed over frames."""
-    by_frame: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_frame: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_frame[_frame(r)].append(r)
     return sum(sum((r.get(field) or 0) * r["calls"] for r in fr) / sum(r["calls"] for r in fr)
                for fr in by_frame.values())
 
 
-def _step_row(run: Any, rank: Any, pid: Any, rows: list[dict[str, Any]],
-              others: list[dict[str, Any]], steps_total: int, peak: dict[str, Any],
+def _step_row(run: Any, rank: Any, pid: Any, rows: Sequence[Mapping[str, Any]],
+              others: Sequence[Mapping[str, Any]], steps_total: int, peak: Mapping[str, Any],
               passes: int | None = None) -> dict[str, Any]:
     """One step at one size. With the backward passes counted (``passes``): every forward
     and backward graph's figures times its calls, over the passes (a model compiled block
@@ -126,7 +128,7 @@ def _step_row(run: Any, rank: Any, pid: Any, rows: list[dict[str, Any]],
     calls_by_frame: dict[Any, int] = defaultdict(int)
     for r in bw:
         calls_by_frame[_frame(r)] += r["calls"]
-    def per_step(rows: list[dict[str, Any]], field: str) -> float:
+    def per_step(rows: Sequence[Mapping[str, Any]], field: str) -> float:
         if not passes:
             return _per_call(rows, field)
         return sum((r.get(field) or 0) * r["calls"] for r in rows) / passes

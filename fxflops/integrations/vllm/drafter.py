@@ -138,7 +138,7 @@ def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
         count_lengths,
         end_step,
     )
-    from fxflops.outputs.session import recorder
+    from fxflops.recording.recorder import recorder
     from fxflops.recording.runtime_costs import charge_runtime
 
     end_step()

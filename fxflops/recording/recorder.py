@@ -1,0 +1,387 @@
+"""The process's recorder: every graph and its rows, whole forwards, what a serving engine
+says; its sinks, by composition; the process's one recorder (``recorder()``).
+
+The recorder holds data and writes nothing. What writes (the report files and their
+periodic flush, the Prometheus counters, the graph dumps: ``fxflops.outputs``) subscribes
+to it as a ``Sink`` and is told when a graph is registered, when to flush, after a fork, at
+a reset and at a stop. Sinks are attached by the layers above (``outputs.session.attach``,
+called where a graph is first registered and by ``fxflops.recorder()``), never at import.
+
+A flush is one writer at a time: the CUDA-event samples are collected and open scopes'
+rows merged in (``settle``) once, then each sink writes. A signal handler's flush never
+waits for the lock: where another thread is flushing, each sink writes what it can beside
+it (``Sink.flush_beside``); where its own thread was flushing, what the signal does next is
+deferred to the flush's end (``defer``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fxflops import placement
+from fxflops.cost.graph_cost import GraphCost
+from fxflops.recording import phases
+from fxflops.recording.collection import collect_samples, in_flight
+from fxflops.recording.engine_stats import EngineStats
+from fxflops.recording.phases import SERVING, phase
+from fxflops.recording.scopes import RecordingScope
+from fxflops.recording.size_stats import SizeStats
+from fxflops.recording.store import BackwardPasses, GraphRecord, UninstrumentedGraph
+from fxflops.util import forget_warnings
+
+
+class Sink:
+    """What a recorder tells its subscribers (``Recorder.subscribe``). Every method does
+    nothing unless a sink overrides it; none is ever called on the hot path."""
+
+    def registered(self, recorder: Recorder, record: GraphRecord | UninstrumentedGraph
+                   ) -> None:
+        """A graph was registered (compile time)."""
+
+    def writes(self) -> bool:
+        """Whether a flush would write anything now (somewhere to write to)."""
+        return False
+
+    def flush(self, recorder: Recorder, final: bool) -> None:
+        """Write now, under the recorder's flush lock, the rows settled (``final``: at
+        exit or at a signal). Catches its own errors, except the host's
+        (``util.host_raised``)."""
+
+    def flush_beside(self, recorder: Recorder) -> None:
+        """(A signal handler, while another thread flushes.) Write what can be written
+        without waiting for that flush, whole files only."""
+
+    def after_fork(self, recorder: Recorder) -> None:
+        """(In a forked child, the recorder's counts already empty.)"""
+
+    def reset(self, recorder: Recorder) -> None:
+        """The recorder's rows were forgotten (``Recorder.reset``)."""
+
+    def stop(self) -> None:
+        """The recorder is no longer the process's: end any thread of the sink's."""
+
+
+def _row_of(rows: dict[int, SizeStats], size: int) -> SizeStats:
+    """A whole forward's row of ``size`` in ``rows``, made at its first step (setdefault:
+    two threads that make it keep one)."""
+    row = rows.get(size)
+    if row is None:
+        row = rows.setdefault(size, SizeStats((size,), size))
+    return row
+
+
+class Recorder:
+    """The process's graphs and rows, and the sinks that write them out."""
+
+    def __init__(self) -> None:
+        self.graphs: list[GraphRecord] = []
+        # whole forwards (vLLM), per size: real traffic's, and each warm-up phase's
+        self.forwards: dict[int, SizeStats] = {}
+        self.warmup_forwards: dict[str, dict[int, SizeStats]] = {}
+        self._active_forwards = self.forwards
+        # a speculative decoder's drafter passes (vLLM), per size: real traffic's only
+        self.draft_forwards: dict[int, SizeStats] = {}
+        # graphs fxflops could not instrument (they run as compiled, counted where possible)
+        self.uninstrumented: list[UninstrumentedGraph] = []
+        self.info: dict[str, Any] = {}
+        # collectives outside the graphs (FSDP2's), by kind: [calls, bytes]
+        self.collectives: dict[str, list[int]] = {}
+        self.backward_passes = BackwardPasses()
+        # what a serving engine says of its steps (its own estimate, its drafts' acceptance)
+        self.engine = EngineStats()
+        # the sinks subscribed (outputs'), in the order they write
+        self.sinks: list[Sink] = []
+        # the innermost open scope (``recording.scopes``; each knows the one it is in), and
+        # closed ones whose CUDA-event samples may still arrive (merged as they do)
+        self.scope: RecordingScope | None = None
+        self._retired: list[RecordingScope] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        # one flush at a time; a signal handler only ever tries it
+        self._flush_lock = threading.Lock()
+        self._flushing = threading.local()  # .now: this thread is in flush()
+        self._deferred: Callable[[], Any] | None = None  # run when this flush ends
+        self.run_id = placement.run_id()
+        self.started = time.time()
+        now = phases.watch(self)
+        if now != SERVING:  # made during a warm-up (its first graph compiled there)
+            self.switch(now)
+
+    # --- sinks ---------------------------------------------------------------------------
+
+    def subscribe(self, sink: Sink) -> Sink:
+        """Tell ``sink`` of this recorder's registrations, flushes, forks, resets and stop."""
+        with self._lock:
+            if sink not in self.sinks:
+                self.sinks.append(sink)
+        return sink
+
+    def unsubscribe(self, sink: Sink) -> None:
+        with self._lock:
+            if sink in self.sinks:
+                self.sinks.remove(sink)
+
+    def sink(self, kind: type[Any]) -> Any:
+        """The subscribed sink of class ``kind``, or None."""
+        return next((s for s in list(self.sinks) if isinstance(s, kind)), None)
+
+    # --- registration (compile time) -------------------------------------------------
+
+    def register(self, name: str, cost: GraphCost, static_size: int | str = "static",
+                 meta: dict[str, Any] | None = None) -> GraphRecord:
+        """A new graph; ``name`` may hold ``{index}`` (its place among this process's)."""
+        with self._lock:
+            index = next(self._ids)
+            record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
+            record.passes = self.backward_passes
+            if phase() != SERVING:  # compiled during a warm-up: its calls there are warm-up
+                record.enter_phase(phase())
+            if self.scope is not None:  # compiled inside a scope: its calls are the scope's
+                record.enter_scope(self.scope.rows_of(record))
+            self.graphs.append(record)
+        self.registered(record)
+        return record
+
+    def register_uninstrumented(self, name: str, reason: str) -> UninstrumentedGraph:
+        """A graph that runs uninstrumented, and why (``name`` may hold ``{index}``)."""
+        with self._lock:
+            entry = UninstrumentedGraph(name.format(index=next(self._ids)), reason)
+            self.uninstrumented.append(entry)
+        self.registered(entry)
+        return entry
+
+    def unregister(self, record: GraphRecord) -> None:
+        """Forget a graph whose compile failed after it was registered."""
+        with self._lock:
+            if record in self.graphs:
+                self.graphs.remove(record)
+
+    def registered(self, record: GraphRecord | UninstrumentedGraph) -> None:
+        """Called after each registration: each sink is told."""
+        for sink in list(self.sinks):
+            sink.registered(self, record)
+
+    def reserve_index(self) -> int:
+        """An index no graph of this process has (to name a backward graph whose forward
+        could not be registered: ``graph3.backward``)."""
+        with self._lock:
+            return next(self._ids)
+
+    def forward_row(self, size: int) -> SizeStats:
+        return _row_of(self._active_forwards, size)
+
+    def draft_forward_row(self, size: int) -> SizeStats | None:
+        """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are
+        dummy passes, which count nothing)."""
+        if self._active_forwards is not self.forwards:
+            return None
+        return _row_of(self.draft_forwards, size)
+
+    # --- warm-up and scopes -------------------------------------------------------------
+
+    def switch(self, phase: str) -> None:
+        """Send calls from now on to ``phase``'s rows (``warmup`` calls it)."""
+        with self._lock:
+            self._active_forwards = self.forwards if phase == SERVING else \
+                self.warmup_forwards.setdefault(phase, {})
+            for g in list(self.graphs):
+                g.enter_phase(phase)
+
+    def open_scope(self) -> RecordingScope:
+        """A new innermost scope: every graph's calls go to its rows from now on (see
+        ``recording.scopes``). O(graphs), never a cost on the hot path."""
+        with self._lock:
+            scope = RecordingScope(self.scope, self.backward_passes)
+            self.scope = scope
+            for g in list(self.graphs):
+                g.enter_scope(scope.rows_of(g))
+            return scope
+
+    def close_scope(self, scope: RecordingScope) -> None:
+        """Close ``scope``: calls go where they went before it opened (the enclosing
+        scope's rows, or the process-wide ones), and what it recorded is merged there.
+        Scopes may close in any order (threads): one closed inside another open one hands
+        that one's rows on to its own enclosing one."""
+        with self._lock:
+            if scope.closed:
+                return
+            inner, s = None, self.scope
+            while s is not None and s is not scope:
+                inner, s = s, s.parent
+            if s is None:
+                raise RuntimeError("fxflops: this scope is not open in this process's recorder")
+            scope.close()
+            if inner is None:  # the innermost: calls go to the enclosing rows from now on
+                self.scope = scope.parent
+                for g in list(self.graphs):
+                    g.enter_scope(self.scope.rows_of(g) if self.scope is not None else None)
+            # the scopes that merge into it (the one opened inside it, closed ones with
+            # samples to come) merge into the enclosing one from now on
+            for other in [inner, *self._retired]:
+                if other is not None and other.parent is scope:
+                    other.sync()
+                    other.parent = scope.parent
+            scope.sync()
+            # merged again at the next settle: CUDA-event samples of its calls may arrive
+            # later, and a call another thread made into its rows as it closed (its row
+            # looked up before the switch, the call numbered after this merge) is then
+            # merged too
+            self._retired.append(scope)
+
+    def open_scopes(self) -> list[RecordingScope]:
+        """The open scopes, innermost first."""
+        out, s = [], self.scope
+        while s is not None:
+            out.append(s)
+            s = s.parent
+        return out
+
+    # --- reading ----------------------------------------------------------------------
+
+    def graphs_snapshot(self) -> list[GraphRecord]:
+        return list(self.graphs)
+
+    def forwards_snapshot(self, workload: str = "target") -> list[SizeStats]:
+        """Whole-forward rows: the target model's, or (``"draft"``) its drafter's passes."""
+        return list((self.draft_forwards if workload == "draft" else self.forwards).values())
+
+    def warmup_forwards_snapshot(self) -> dict[str, list[SizeStats]]:
+        return {phase: list(rows.values()) for phase, rows in list(self.warmup_forwards.items())
+                if rows}
+
+    def settle(self, wait: bool = False, final: bool = False, in_signal: bool = False) -> None:
+        """Bring the rows up to date before they are read: the CUDA-event samples that
+        have arrived (``collection.collect_samples``), and the calls of open scopes merged
+        into the rows around them (innermost first), with the samples that reached closed
+        scopes' rows after they closed."""
+        collect_samples(wait=wait, final=final, in_signal=in_signal)
+        for scope in self.open_scopes() + list(self._retired):
+            scope.sync(blocking=not in_signal)
+        if self._retired and not in_flight():  # every sample read: nothing more to come
+            self._retired.clear()
+
+    def has_data(self) -> bool:
+        return bool(self.graphs or self.uninstrumented or self.forwards)
+
+    # --- writing (the sinks) -----------------------------------------------------------
+
+    def flush(self, final: bool = False, in_signal: bool = False) -> None:
+        """Every sink writes (those with somewhere to write), the rows settled first (CUDA
+        samples in flight waited for on this thread, the host's never waits; ``final``, at
+        exit: CUDA-graph replays too). ``in_signal``: from a signal handler, which never
+        waits for the flush lock."""
+        sinks = [s for s in list(self.sinks) if s.writes()]
+        if not sinks or not self.has_data():
+            return
+        if not self._flush_lock.acquire(blocking=not in_signal):
+            # another thread is flushing (a signal arrived meanwhile): beside it
+            for s in sinks:
+                s.flush_beside(self)
+            return
+        self._flushing.now = True
+        try:
+            self.settle(wait=True, final=final, in_signal=in_signal)
+            for s in sinks:
+                s.flush(self, final)
+        finally:
+            self._flushing.now = False
+            self._flush_lock.release()
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:  # a signal that came during the flush: now it acts
+            deferred()
+
+    def flushing_here(self) -> bool:
+        """Whether this thread is inside this recorder's flush (a signal handler that
+        interrupted it must not flush again)."""
+        return getattr(self._flushing, "now", False)
+
+    def defer(self, action: Callable[[], Any]) -> None:
+        """Run ``action`` when this thread's flush ends (a signal's own action, deferred)."""
+        self._deferred = action
+
+    def stop(self) -> None:
+        """This recorder is done (replaced): its sinks end their threads."""
+        for sink in list(self.sinks):
+            sink.stop()
+
+    def reset(self) -> None:
+        """Forget every row (graphs stay registered: their callables still point here;
+        open scopes forget theirs too)."""
+        for g in self.graphs_snapshot():
+            g.clear_counts()
+        self._forget()
+        for scope in self.open_scopes():
+            scope.clear()
+        self._retired.clear()
+        for sink in list(self.sinks):
+            sink.reset(self)
+
+    def _forget(self) -> None:
+        self.forwards.clear()
+        self.draft_forwards.clear()
+        for forwards in self.warmup_forwards.values():
+            forwards.clear()
+        self.collectives.clear()
+        self.backward_passes.by_size.clear()
+        self.engine.clear()
+        for entry in list(self.uninstrumented):
+            entry.calls = 0
+
+    def after_fork(self) -> None:
+        """(In a forked child.) Start from empty counts and new locks: the parent's calls
+        are the parent's report's; then each sink starts over."""
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._flushing = threading.local()
+        self._deferred = None
+        for g in self.graphs_snapshot():
+            g.after_fork()  # (its own new lock, then the same clearing as reset's)
+        self._forget()
+        for scope in self.open_scopes():
+            scope.after_fork()
+        self._retired.clear()
+        self.started = time.time()
+        for sink in list(self.sinks):
+            sink.after_fork(self)
+
+
+# --- the process's recorder ------------------------------------------------------------------
+# made at first use; a signal or exit hook reads it with ``current()``, which never makes one
+
+_RECORDER: Recorder | None = None
+_MAKING = threading.Lock()
+
+
+def recorder() -> Recorder:
+    """The process-wide recorder (made at first use). Compile-time code and integrations
+    record here; ``fxflops.recorder()`` is the same recorder with its outputs attached."""
+    global _RECORDER
+    rec = _RECORDER
+    if rec is None:
+        with _MAKING:
+            if _RECORDER is None:
+                _RECORDER = Recorder()
+            rec = _RECORDER
+    return rec
+
+
+def current() -> Recorder | None:
+    """The recorder if one was made (a signal or exit hook must not make one)."""
+    return _RECORDER
+
+
+def reset_recorder() -> Recorder:
+    """Start over as a fresh process would: a new, empty recorder (graphs compiled before
+    keep recording into their old records, which no report shows; the old one's sinks
+    stop), warnings shown again."""
+    global _RECORDER
+    with _MAKING:
+        old, _RECORDER = _RECORDER, None
+    if old is not None:
+        old.stop()
+    forget_warnings()
+    return recorder()

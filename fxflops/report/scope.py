@@ -1,0 +1,141 @@
+"""``fxflops.scope()``: what the instrumented graphs did while a block of code ran, as
+``torch.utils.flop_counter.FlopCounterMode`` is used.
+
+::
+
+    compiled = torch.compile(model, backend="fxflops")
+    compiled(warm_up)                      # outside: the process's rows only
+    with fxflops.scope() as s:
+        compiled(x)
+    s.flops, s.matmul_flops, s.bytes       # over the calls made inside
+    s.rows()                               # per graph and size: calls, FLOPs, median, ...
+    print(s.table())                       # the same, as text
+    s.report()                             # a report of the scope (schema fxflops.report/1)
+
+Inside the block every instrumented graph's calls go to rows of the scope's own
+(``recording.scopes``): graphs compiled before the scope and inside it alike, calls from
+every thread, a size's first calls each timed again (a scope of a few calls has its own
+median). The process-wide rows lose nothing: the scope's calls are merged into them when it
+closes, and before any report or scrape reads them. Scopes nest (an inner scope's calls
+count in the outer one too). Nothing is added to a call's path, inside a scope or outside.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from fxflops.recording.recorder import Recorder, recorder
+from fxflops.recording.scopes import RecordingScope
+from fxflops.report.build import build_report, recorder_rows
+from fxflops.report.schema import GraphRow
+from fxflops.util import human
+
+
+class Scope:
+    """The calls the instrumented graphs made while the scope was open (``fxflops.scope``).
+
+    Readable while it is open (what it holds so far) and after it closed (final). One
+    scope is entered once; make another for another block."""
+
+    def __init__(self) -> None:
+        self._recorder: Recorder | None = None
+        self._scope: RecordingScope | None = None
+
+    def __enter__(self) -> Scope:
+        if self._scope is not None:
+            raise RuntimeError("fxflops.scope(): this scope was entered already; "
+                               "make a new one for another block")
+        self._recorder = recorder()
+        self._scope = self._recorder.open_scope()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        assert self._recorder is not None and self._scope is not None
+        # (no wait for the device here: CUDA-event samples still in flight are read into
+        # the scope's rows when they are read, and into the rows around it at a flush)
+        self._recorder.close_scope(self._scope)
+
+    @property
+    def open(self) -> bool:
+        """Whether the block is running (entered and not left)."""
+        return self._scope is not None and not self._scope.closed
+
+    def _view(self) -> Recorder:
+        """The recorder as far as this scope saw it (``RecordingScope.view``)."""
+        if self._scope is None or self._recorder is None:
+            raise RuntimeError("fxflops.scope(): not entered yet (use it as `with "
+                               "fxflops.scope() as s:`)")
+        # open: inner scopes' calls so far; CUDA-event samples of its calls, waited for
+        # (a bounded wait, as a flush's: reading the times needs them)
+        self._recorder.settle(wait=True)
+        return self._scope.view(self._recorder)
+
+    # --- reading ----------------------------------------------------------------------
+
+    def rows(self) -> list[GraphRow]:
+        """Per graph and size, the calls made inside: ``graph``, ``size``, ``calls``,
+        ``flops`` and ``matmul_flops`` and ``bytes_io`` per call, ``total_flops``,
+        ``total_matmul_flops``, ``total_bytes``, ``median_ms``, rates and the rest of a
+        report row (docs/reference.md); graphs that did not run inside are left out."""
+        return recorder_rows(self._view())
+
+    def report(self) -> dict[str, Any]:
+        """A report of the scope (schema ``fxflops.report/1``; ``fxflops report`` reads it
+        once saved as JSON): the graphs that ran inside, with the scope's rows only; whole
+        forwards, collectives and an engine's figures are left to the process's report."""
+        return build_report(self._view())
+
+    @property
+    def calls(self) -> int:
+        """Instrumented calls made inside (every graph and size)."""
+        return sum(r["calls"] for r in self.rows())
+
+    @property
+    def flops(self) -> int:
+        """FLOPs done inside (matmul and vector; run-time counts summed as they ran)."""
+        return sum(int(r["total_flops"]) for r in self.rows())
+
+    @property
+    def matmul_flops(self) -> int:
+        """Matmul-class FLOPs done inside: what ``FlopCounterMode`` counts."""
+        return sum(int(r["total_matmul_flops"]) for r in self.rows())
+
+    @property
+    def bytes(self) -> int:
+        """Bytes moved inside (each call's inputs, outputs and weights)."""
+        return sum(int(r["total_bytes"]) for r in self.rows())
+
+    def table(self) -> str:
+        """The rows as text: per graph and size, calls, FLOPs and bytes per call and in all,
+        median and achieved rate; the totals last."""
+        head = ("graph", "size", "calls", "FLOPs/call", "bytes/call", "FLOPs", "bytes",
+                "median ms", "TFLOP/s")
+        lines = [head]
+        rows = self.rows()
+        for r in rows:
+            lines.append((r["graph"], str(r["size"]), str(r["calls"]), human(r["flops"]),
+                          human(r["bytes_io"], "B"), human(r["total_flops"]),
+                          human(r["total_bytes"], "B"), f"{r['median_ms']:.4f}",
+                          "-" if r["tflops"] is None else f"{r['tflops']:.3g}"))
+        lines.append(("total", "", str(sum(r["calls"] for r in rows)), "", "",
+                      human(sum(r["total_flops"] for r in rows)),
+                      human(sum(r["total_bytes"] for r in rows), "B"), "", ""))
+        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+        return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                                   for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
+                         for line in lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        state = "open" if self.open else "closed" if self._scope is not None else "not entered"
+        return f"<fxflops.scope {state}>"
+
+
+def scope() -> Scope:
+    """A scope to use as ``with fxflops.scope() as s:``: the calls every instrumented graph
+    makes inside the block, read from ``s`` during and after it (``Scope``)."""
+    return Scope()
