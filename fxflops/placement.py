@@ -5,7 +5,7 @@ Set by an integration that knows them (vLLM: its process groups and parallel con
 read from ``torch.distributed`` once initialised, else from torchrun's environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``), else from ``FXFLOPS_RANK``.
 A report keeps them in ``process.ranks``; the merge of many reports reads them there
-(``fxflops.merge``): tensor-parallel shards add up their work, pipeline stages are the
+(``fxflops.report.merge``): tensor-parallel shards add up their work, pipeline stages are the
 model's parts, data-parallel replicas add up their calls.
 """
 

@@ -6,9 +6,14 @@ through others. Also the public surface: every documented public name imports, a
 from __future__ import annotations
 
 import ast
+import importlib
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
+from typing import Any
 
 from tests import procs
 
@@ -401,3 +406,71 @@ def test_the_cli_starts_without_torch_or_vllm():
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=ROOT,
                          capture_output=True, text=True).stdout.strip()
     assert out == "[]", out
+
+
+# a dotted ``fxflops.`` name as prose cites it (``fxflops.register_*``: a pattern, skipped)
+CITED = re.compile(r"(?<![\w.])fxflops(?:\.[A-Za-z_]\w*)+(?![\w*])")
+
+
+def resolves(dotted: str) -> bool:
+    """``dotted`` names a module of fxflops, or an attribute of one (the longest module
+    prefix imported, the rest looked up on it)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def cited_names(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every dotted ``fxflops.`` name in ``path``'s docstrings and
+    comments (a Python file) or text (a Markdown page)."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        return [(i, m.group(0)) for i, line in enumerate(text.splitlines(), 1)
+                for m in CITED.finditer(line)]
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False) or ""
+            found += [(getattr(node, "lineno", 1), m.group(0)) for m in CITED.finditer(doc)]
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            found += [(token.start[0], m.group(0)) for m in CITED.finditer(token.string)]
+    return found
+
+
+def stale_citations(paths: list[Path]) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line} cites {name}, which does not exist"
+            for path in paths for line, name in cited_names(path) if not resolves(name)]
+
+
+def test_docstrings_comments_and_docs_cite_names_that_exist():
+    """Every dotted ``fxflops.`` name a docstring, a comment or a docs page cites is a
+    module or an attribute of one (a module that moved leaves none behind)."""
+    paths = [*sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "docs").glob("*.md")),
+             ROOT / "README.md"]
+    assert stale_citations(paths) == []
+
+
+def test_a_stale_citation_is_caught(tmp_path):
+    """The check finds a moved module's old name in a docstring and in a comment, and
+    lets a real one and a pattern pass."""
+    module = tmp_path / "moved.py"
+    module.write_text('"""Rows as ``fxflops.steps`` counts them (``fxflops.report.steps``)."""\n'
+                      "# see fxflops.session.recorder and fxflops.register_*\n")
+    page = tmp_path / "page.md"
+    page.write_text("Use `fxflops.recorder()`, not `fxflops.kernels.KernelCost`.\n")
+    assert [name for _, name in cited_names(module)] == [
+        "fxflops.steps", "fxflops.report.steps", "fxflops.session.recorder"]
+    stale = [(line, name) for line, name in cited_names(module) + cited_names(page)
+             if not resolves(name)]
+    assert stale == [(1, "fxflops.steps"), (2, "fxflops.session.recorder"),
+                     (1, "fxflops.kernels.KernelCost")]

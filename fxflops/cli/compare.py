@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def steps_of(path: str) -> dict[str, dict[str, Any]]:
-    """A training run's per-step roll-up by size (fxflops.steps); empty for inference."""
+    """A training run's per-step roll-up by size (fxflops.report.steps); empty for inference."""
     reports = load_reports([path])
     peak = reports[0].get("peak")
     steps = training_steps(flat_rows(reports), peak)

@@ -291,7 +291,7 @@ def _print_engine(console: Console, engine: dict[str, Any], where: str) -> None:
 
 
 def _print_steps(console: Console, steps: list[dict[str, Any]], multi: bool) -> None:
-    """The per-step roll-up of a training run (fxflops.steps)."""
+    """The per-step roll-up of a training run (fxflops.report.steps)."""
     table = Table(title="training steps: forward + backward (+ graphs run once a step)")
     cols = (["where"] if multi else []) + [
         "size", "steps", "forward ms", "backward ms", "other ms", "step ms", "model GFLOPs",

@@ -2,7 +2,7 @@
 
 One run (a report, or a folder of one run's ranks): the sizes it served, and the
 ``compile_sizes`` / ``cudagraph_capture_sizes`` that minimise the expected time per step for
-that traffic within ``--max-sizes`` (``fxflops.tuning``).
+that traffic within ``--max-sizes`` (``fxflops.report.tuning``).
 
 Two runs or more, to confirm: a size is *specialised* in a run when a static graph (no size
 symbols) ran at it; otherwise the general (dynamic) graph served it. For every size seen

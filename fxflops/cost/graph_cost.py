@@ -174,16 +174,6 @@ class GraphCost:
         return total([self.flops, -1 * self.matmul_flops])
 
     @property
-    def estimated_ops(self) -> dict[str, int]:
-        """Ops no formula counted right whose layers were counted from their sizes: op ->
-        layers."""
-        out: dict[str, int] = {}
-        for e in self.estimated:
-            for op in e.ops:
-                out[op] = out.get(op, 0) + 1
-        return out
-
-    @property
     def matmul_dtype(self) -> str | None:
         """The dtype most matmul FLOPs ran in (the peak MFU is measured against)."""
         by_dtype: dict[str, float] = {}
@@ -206,10 +196,6 @@ class GraphCost:
         key = repr((self.num_nodes, len(self.symbols), text(self.flops),
                     text(self.matmul_flops), ops))
         return hashlib.sha1(key.encode()).hexdigest()[:12]
-
-    @property
-    def is_dynamic(self) -> bool:
-        return bool(self.symbols)
 
     @property
     def runtime_nodes(self) -> list[NodeCost]:

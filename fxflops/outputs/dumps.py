@@ -49,7 +49,7 @@ def annotate(lines: list[str], cost: GraphCost, name: str,
     """The graph's source with a cost comment on every costed node and a header of totals.
 
     With ``binding`` (a size), every figure is a number; without, dynamic graphs show the
-    expressions of their size symbols. With ``kernels`` (``fxflops.kernels``): each node
+    expressions of their size symbols. With ``kernels`` (``fxflops.cost.kernels``): each node
     says the kernel(s) Inductor computed it in, and the header lists every kernel's cost.
     """
     by_name: dict[str, NodeCost] = {n.name: n for n in cost.nodes}

@@ -45,7 +45,6 @@ class RecordingScope:
         self._sync_lock = threading.Lock()  # one merge of this scope at a time
         self.closed = False
         self.started = time.time()
-        self.ended: float | None = None
         # the process's backward passes per size, at the start and (closed) at the end
         self._passes = passes
         self._passes_at = dict(passes.by_size)
@@ -60,7 +59,6 @@ class RecordingScope:
 
     def close(self) -> None:
         self.closed = True
-        self.ended = time.time()
         self._passes_end = dict(self._passes.by_size)
 
     def backward_passes(self) -> dict[Any, int]:

@@ -213,7 +213,7 @@ class BackwardPasses:
     """How many backward passes (``loss.backward()`` calls) ran compiled backward graphs,
     per size: each pass is one autograd graph task, whatever graphs it runs (a model
     compiled block by block, split by DDP's optimizer, or recompiled). What a training
-    step's figures are divided by (``fxflops.steps``)."""
+    step's figures are divided by (``fxflops.report.steps``)."""
 
     def __init__(self) -> None:
 

@@ -120,7 +120,7 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
 
 def kernel_figures(g: GraphRecord, row: SizeStats, fig: RowFigures,
                    peak: PeakFigures | dict[str, Any]) -> KernelFigures:
-    """A row's kernels (``fxflops.kernels``): FLOPs, matmul FLOPs and boundary bytes at its
+    """A row's kernels (``fxflops.cost.kernels``): FLOPs, matmul FLOPs and boundary bytes at its
     size (adding up to the row's FLOPs exactly: its run-time FLOPs go to the kernels that
     hold run-time nodes), and where profiled each kernel's median time, rates and roofline;
     with the profiled calls' median and what the kernels leave of it (the wrapper's)."""

@@ -20,7 +20,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[FlatR
     with ``warmup``, the warm-up rows too (each with its ``warmup`` phase).
 
     The placement (``process.ranks``: ``dp``, ``pp``, ``tp``, their sizes, the node) is on
-    every row, with ``place`` its short name (``pp1 tp0``), so that ``fxflops.merge`` can
+    every row, with ``place`` its short name (``pp1 tp0``), so that ``fxflops.report.merge`` can
     tell shards from stages from replicas. Graphs that share a name in one report are kept
     apart: the second is ``name#2``. Rows of a training step's graphs carry their ``phase``,
     ``source`` and ``frame``; a drafter's graphs and passes (``<draft>``) their
@@ -32,7 +32,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[FlatR
         ranks = {k: v for k, v in (proc.get("ranks") or {}).items() if k != "rank"}
         tags = {"run": run_id(rep), "rank": proc.get("rank"), "pid": proc.get("pid"), **ranks,
                 "place": place_of(proc)}
-        if rep.get("collectives"):  # FSDP2's, outside the graphs (fxflops.steps per step)
+        if rep.get("collectives"):  # FSDP2's, outside the graphs (fxflops.report.steps per step)
             tags["collective_bytes_total"] = sum(v["bytes"] for v in rep["collectives"].values())
         seen: dict[str, int] = {}
         for g in rep["graphs"]:
@@ -40,7 +40,7 @@ def flat_rows(reports: list[dict[str, Any]], warmup: bool = False) -> list[FlatR
             name = g["name"] if seen[g["name"]] == 1 else f"{g['name']}#{seen[g['name']]}"
             meta = g.get("meta") or {}
             # a training graph's phase, the Dynamo graph it came from, the Python frame
-            # (fxflops.autograd, fxflops.steps)
+            # (fxflops.instrument.autograd, fxflops.report.steps)
             origin = {k: meta[k] for k in ("phase", "source", "frame", "piece", "workload")
                       if k in meta}
             for r in g["rows"] + (g.get("warmup", []) if warmup else []):

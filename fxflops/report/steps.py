@@ -1,7 +1,7 @@
 """Training steps: a run's forward and backward rows rolled up per step.
 
 A compiled training step runs, per Dynamo graph, a forward graph and (inside
-``loss.backward()``) its backward graph; ``fxflops.autograd`` names them ``<source>`` (the
+``loss.backward()``) its backward graph; ``fxflops.instrument.autograd`` names them ``<source>`` (the
 name the Dynamo graph would have had) and ``<source>.backward``. Graphs Dynamo compiled
 from one Python frame (``meta["frame"]``) are recompiles of each other, of which a step
 runs one: their figures are averaged, weighted by calls; graphs of different frames (a

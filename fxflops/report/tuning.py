@@ -96,7 +96,7 @@ def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
     """The sizes one run (or one pipeline stage of it) served. Tensor-parallel shards of
     one replica ran the same steps: the slowest shard's median. Data-parallel replicas
     each served their own traffic: calls and scheduled tokens added, the median a
-    calls-weighted mean (as ``fxflops.merge`` merges replicas)."""
+    calls-weighted mean (as ``fxflops.report.merge`` merges replicas)."""
     replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for rep in reports:
         replicas[int((rep["process"].get("ranks") or {}).get("dp") or 0)].append(rep)
