@@ -3,7 +3,7 @@
 Each symbol is read from the first placeholder that carries it bare: a dimension of a
 tensor argument (``s72 = input_ids.shape[0]``) or a SymInt argument. Several symbols may
 be equal at run time (vLLM: ``input_ids`` and ``positions``); each is bound on its own.
-The reader is one generated expression: O(number of symbols) per call.
+The reader is one small function: O(number of symbols) per call.
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ class UnboundSymbolError(ValueError):
     pass
 
 
+def _no_key(args: Sequence[Any]) -> tuple[()]:
+    """A static graph's key: every call is of its one size."""
+    return ()
+
+
 class SizeBinder:
     """Reads a call's size key from its arguments.
 
     ``key(args)`` reads it: with one size symbol that symbol's int (``operator.itemgetter``
-    for an int argument), with several a tuple, with none ``()``; it is a one-line
-    function compiled from ``expression`` (built from ints only: argument indices and
-    dimensions), the cheapest key a call can read. ``read(args)`` always gives the tuple,
-    in ``symbols`` order.
+    for an int argument, a tensor's ``size(d)`` else), with several a tuple, with none
+    ``()``. ``read(args)`` always gives the tuple, in ``symbols`` order.
     """
 
     def __init__(self, sources: Sequence[tuple[str, int, int | None]]) -> None:
@@ -40,19 +43,16 @@ class SizeBinder:
         self.key = self._compile_key()
 
     def _compile_key(self) -> Callable[[Sequence[Any]], Any]:
-        if len(self.sources) == 1 and self.sources[0][2] is None:
-            return operator.itemgetter(self.sources[0][1])
-        # built from ints only
-        return eval(f"lambda args: {self.expression(lambda i: f'args[{i}]')}")
-
-    def expression(self, argument: Callable[[int], str]) -> str:
-        """The key as a Python expression over the call's arguments, ``argument(i)``
-        naming the ``i``-th (what ``key`` computes: an int, a tuple of them, or ``()``)."""
-        terms = [argument(i) if d is None else f"{argument(i)}.size({d})"
-                 for _, i, d in self.sources]
-        if len(terms) == 1:
-            return terms[0]
-        return f"({', '.join(terms)}{',' if terms else ''})"
+        sources = [(i, d) for _, i, d in self.sources]
+        if not sources:
+            return _no_key
+        if len(sources) == 1:
+            i, d = sources[0]
+            if d is None:
+                return operator.itemgetter(i)
+            return lambda args: args[i].size(d)
+        return lambda args: tuple([args[i] if d is None else args[i].size(d)
+                                   for i, d in sources])
 
     def as_tuple(self, key: Any) -> tuple[int, ...]:
         """The tuple form of a key ``key(args)`` returned."""
