@@ -329,7 +329,7 @@ class Recorder:
         self.backward_passes.by_size.clear()
         self.engine.clear()
         for entry in list(self.uninstrumented):
-            entry.calls = 0
+            entry.forget()
 
     def after_fork(self) -> None:
         """(In a forked child.) Start from empty counts and new locks: the parent's calls

@@ -21,7 +21,7 @@ from fxflops import config, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
 from fxflops.recording.phases import SERVING
-from fxflops.recording.size_stats import SizeStats, size_label
+from fxflops.recording.size_stats import CallCounter, SizeStats, size_label, taken
 
 log = logging.getLogger(__name__)
 
@@ -236,10 +236,16 @@ class UninstrumentedGraph:
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
         self.reason = reason
-        self.calls = 0
-        self._lock = threading.RLock()  # (see SizeStats.lock)
+        self._calls = CallCounter()  # (see SizeStats.calls: exact under threads)
 
     def count(self) -> None:
         """One call (from any thread: each counts)."""
-        with self._lock:
-            self.calls += 1
+        next(self._calls)
+
+    @property
+    def calls(self) -> int:
+        return taken(self._calls)
+
+    def forget(self) -> None:
+        """Its calls forgotten (the recorder's rows were reset, or a fork's child)."""
+        self._calls = CallCounter()

@@ -68,30 +68,7 @@ class _RowFiguresAlways(Throughput):
     total_bytes: int
 
 
-class RowFigures(_RowFiguresAlways, total=False):
-    """One (graph, size) row of a report (``graphs[i].rows``, ``forward``, ``warmup``):
-    what ``figures.row_figures`` makes, and what some rows add (docs/reference.md)."""
-
-    # a whole forward's run-time FLOPs per call by kind
-    runtime_kinds: dict[str, float]
-    # a mapped graph's kernels (``figures.kernel_figures``)
-    kernels: list[dict[str, Any]]
-    kernels_profile: dict[str, Any]
-    # a backward graph's: the process's backward passes at this size
-    backward_passes: int
-    # a whole forward's padding (``figures.padding_figures``)
-    scheduled_tokens: int
-    padding_tokens: int
-    padding_share: float
-    padding_flops_share: float
-    padding_ms: float
-    scheduled: dict[str, int]
-    captured: int
-    # a warm-up row's phase
-    warmup: str
-
-
-class Padding(TypedDict):
+class Padding(TypedDict, total=False):
     """What padding cost a whole forward's row (``figures.padding_figures``)."""
 
     scheduled_tokens: int
@@ -108,6 +85,18 @@ class KernelFigures(TypedDict, total=False):
 
     kernels: list[dict[str, Any]]
     kernels_profile: dict[str, Any]
+
+
+class RowFigures(_RowFiguresAlways, Padding, KernelFigures, total=False):
+    """One (graph, size) row of a report (``graphs[i].rows``, ``forward``, ``warmup``):
+    what ``figures.row_figures`` makes, and what some rows add (docs/reference.md)."""
+
+    # a whole forward's run-time FLOPs per call by kind
+    runtime_kinds: dict[str, float]
+    # a backward graph's: the process's backward passes at this size
+    backward_passes: int
+    # a warm-up row's phase
+    warmup: str
 
 
 class GraphRow(RowFigures):

@@ -108,24 +108,29 @@ class Scope:
         return sum(int(r["total_bytes"]) for r in self.rows())
 
     def table(self) -> str:
-        """The rows as text: per graph and size, calls, FLOPs and bytes per call and in all,
-        median and achieved rate; the totals last."""
-        head = ("graph", "size", "calls", "FLOPs/call", "bytes/call", "FLOPs", "bytes",
-                "median ms", "TFLOP/s")
-        lines = [head]
+        """The rows as text (a ``rich`` table, as the CLI's): per graph and size, calls,
+        FLOPs and bytes per call and in all, median and achieved rate; the totals last."""
+        import io
+
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for i, name in enumerate(("graph", "size", "calls", "FLOPs/call", "bytes/call",
+                                  "FLOPs", "bytes", "median ms", "TFLOP/s")):
+            table.add_column(name, justify="left" if i < 2 else "right")
         rows = self.rows()
         for r in rows:
-            lines.append((r["graph"], str(r["size"]), str(r["calls"]), human(r["flops"]),
+            table.add_row(r["graph"], str(r["size"]), str(r["calls"]), human(r["flops"]),
                           human(r["bytes_io"], "B"), human(r["total_flops"]),
                           human(r["total_bytes"], "B"), f"{r['median_ms']:.4f}",
-                          "-" if r["tflops"] is None else f"{r['tflops']:.3g}"))
-        lines.append(("total", "", str(sum(r["calls"] for r in rows)), "", "",
+                          "-" if r["tflops"] is None else f"{r['tflops']:.3g}")
+        table.add_row("total", "", str(sum(r["calls"] for r in rows)), "", "",
                       human(sum(r["total_flops"] for r in rows)),
-                      human(sum(r["total_bytes"] for r in rows), "B"), "", ""))
-        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-        return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
-                         for line in lines)
+                      human(sum(r["total_bytes"] for r in rows), "B"), "", "")
+        out = io.StringIO()
+        Console(file=out, width=200, color_system=None).print(table)
+        return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
     def __str__(self) -> str:
         return self.table()
