@@ -8,18 +8,34 @@ The model, in short (each point is a rule of CUDA or of torch's wrapper around i
   steps with ``sim.step()``; work enqueued during host step k runs once the host reaches step
   k + ``lag``; with ``lag=0`` work runs as soon as it is enqueued. ``sim.drain()`` runs
   everything (the test's omniscient control, not a CUDA call). A device runs the work of its
-  streams one op at a time in enqueue order: one of the schedules CUDA allows. A kernel moves
-  its device's clock by its duration; a record's timestamp is the clock when it runs.
+  streams one op at a time in enqueue order: one of the schedules CUDA allows.
+* Host time. The host has a clock too (ms, from 0), which the test moves with
+  ``sim.host(ms)``: the time the host spends launching and between launches. An op cannot
+  start before the host enqueued it: it starts at max(device clock, host time at enqueue),
+  so a device the host does not keep busy idles, and a pair of events around host gaps
+  spans them. A kernel then moves its device's clock by its duration; a record's timestamp
+  is the time it runs. ``sim.host_clock_ns()`` reads the host clock, as code under test
+  reads ``time.perf_counter_ns`` (fxflops' CUDA clock takes it from the module it is given).
 * Events are torch's: created lazily at their first record, on the recording stream's device
   (so creating one is no CUDA call); ``query()`` of a never-recorded event is True.
 * Capture: work on a capturing stream is appended to the graph, never run. A stream that
   waits for an event recorded in a capture joins that capture (CUDA's fork/join). An event
   recorded in a capture is "captured": while the capture goes on, reading it is illegal;
-  afterwards it has no timestamp (``query()`` True, ``elapsed_time`` raises). Only an
-  ``external=True`` event becomes a record node that each ``replay()`` records again.
+  afterwards it has no timestamp. Only an ``external=True`` event becomes a record node
+  that each ``replay()`` records again (until then ``query()`` is True and ``elapsed_time``
+  raises); querying, synchronising or timing a non-external event last recorded in a
+  capture is an error even after the capture ended (``cudaErrorStreamCaptureUnsupported``:
+  there is nothing to query). A graph's record nodes do not keep their events alive (a
+  ``cudaEvent_t`` in a node is a handle): replaying a graph whose event was freed is a
+  use after free.
 * Illegal calls raise :class:`CudaCaptureError`, invalidate every capture that made them
   illegal (its ``capture_end`` raises, work enqueued on its streams raises) and are appended
   to ``sim.violations``, so a test sees them even when the code under test swallows them.
+  A use after free (a replay recording a freed event) is appended there too; the replay goes
+  on (CUDA would not say so: its behaviour is undefined).
+* Threads. Each thread has its own current device, streams and capture mode; a capture
+  begun on one thread takes the work of every thread that launches on its stream (vLLM's
+  micro-batch threads run the model while the main thread holds the capture).
 * Contexts: a call that runs in a CUDA context adds ``(thread name, device)`` to
   ``sim.contexts``. The device is the one torch's C++ selects: the object's own device where
   torch puts a device guard around the call (record, wait, stream query/sync, launches,
@@ -65,6 +81,7 @@ class _Op:
     kind: str  # "kernel" | "record" | "wait"
     device: int
     step: int  # host step at enqueue
+    host: float = 0.0  # host time at enqueue (ms): the op cannot start before it
     ms: float = 0.0
     target: _Op | None = None  # the record a wait waits for
     done: bool = False
@@ -73,7 +90,9 @@ class _Op:
 
 @dataclass(eq=False)
 class _Capture:
-    graph: SimGraph
+    # (the graph by weak reference: an event last recorded in the capture keeps this, and
+    # a real event keeps no graph alive)
+    graph: weakref.ReferenceType[SimGraph]
     device: int
     thread: int
     thread_name: str
@@ -198,6 +217,7 @@ class CudaSim:
     def __init__(self, lag: int = 2, devices: int = 2) -> None:
         self.lag, self.devices = lag, devices
         self.host_step = 0
+        self.host_ms = 0.0  # the host's clock (``host``)
         self.calls: Counter[tuple[str, str]] = Counter()  # (thread name, call)
         self.violations: list[tuple[str, str, str]] = []  # (thread name, call, detail)
         self.contexts: set[tuple[str, int]] = set()  # (thread name, device)
@@ -229,6 +249,17 @@ class CudaSim:
         with self._lock:
             self.host_step += n
             self._run_due()
+
+    def host(self, ms: float) -> None:
+        """The host spends ``ms`` (launching, or between launches): work it enqueues from
+        now on cannot start earlier."""
+        with self._lock:
+            self.host_ms += ms
+
+    def host_clock_ns(self) -> int:
+        """The host's clock, in ns (what code under test reads as its wall clock)."""
+        with self._lock:
+            return int(round(self.host_ms * 1e6))
 
     def drain(self) -> None:
         """The device finishes everything enqueued."""
@@ -396,7 +427,7 @@ class CudaSim:
                 raise CudaCaptureError("CUDA error: operation not permitted when stream is "
                                        "capturing (the stream is already capturing)")
             me = threading.current_thread()
-            c = _Capture(graph, s.device_index, me.ident or 0, me.name, mode, {s})
+            c = _Capture(weakref.ref(graph), s.device_index, me.ident or 0, me.name, mode, {s})
             s._capture = graph._capture = c
             graph._device = s.device_index
             graph._pool = pool if pool is not None else graph._pool or self._new_pool()
@@ -436,8 +467,14 @@ class CudaSim:
             for kind, x in graph._nodes:
                 if kind == "kernel":
                     self._kernel(s, x)
-                else:  # an external event's record node: the event is recorded again
-                    self._record(x, s)
+                    continue
+                ev = x()  # an external event's record node: the event is recorded again
+                if ev is None:
+                    self.violations.append((threading.current_thread().name,
+                                            "CUDAGraph.replay", "use after free: a record "
+                                            "node's event was destroyed"))
+                else:
+                    self._record(ev, s)
 
     def _new_pool(self) -> tuple[int, int]:
         self._pools += 1
@@ -466,7 +503,9 @@ class CudaSim:
             self._use_context(self._thread().device)
             self._check(call, events=(ev,))
             rec = ev._rec
-            if not isinstance(rec, _Op):  # never recorded, or recorded in an ended capture
+            if isinstance(rec, _Captured) and not ev.external:
+                self._unsupported(call)
+            if not isinstance(rec, _Op):  # never recorded, or an external one not replayed
                 return True
             if call == "Event.synchronize":
                 self._run_until(rec)
@@ -486,6 +525,8 @@ class CudaSim:
             recs = []
             for ev in (start, end):
                 rec = ev._rec
+                if isinstance(rec, _Captured) and not ev.external:
+                    self._unsupported("Event.elapsed_time")
                 if not isinstance(rec, _Op):
                     raise RuntimeError("CUDA error: invalid resource handle (the event was "
                                        "last recorded inside a CUDA-graph capture and has no "
@@ -583,6 +624,13 @@ class CudaSim:
         raise CudaCaptureError("CUDA error: operation not permitted when stream is capturing "
                                f"({call}: {detail})")
 
+    def _unsupported(self, call: str) -> None:
+        """A read of a non-external event last recorded in a capture (ended or not)."""
+        detail = ("cudaErrorStreamCaptureUnsupported: the event was last recorded in a "
+                  "capture (not external): there is nothing to read")
+        self.violations.append((threading.current_thread().name, call, detail))
+        raise CudaCaptureError(f"CUDA error: operation not supported ({call}: {detail})")
+
     def _captured(self, s: SimStream, node: tuple[str, Any] | None) -> bool:
         """If ``s`` captures, append ``node`` to its graph (an invalidated capture refuses all
         further work, as CUDA does) and say so."""
@@ -599,15 +647,17 @@ class CudaSim:
 
     def _kernel(self, s: SimStream, ms: float) -> None:
         if not self._captured(s, ("kernel", ms)):
-            self._enqueue(s, _Op("kernel", s.device_index, self.host_step, ms=ms))
+            self._enqueue(s, _Op("kernel", s.device_index, self.host_step, self.host_ms,
+                                 ms=ms))
 
     def _record(self, ev: SimEvent, s: SimStream) -> None:
         ev.device_index = s.device_index
         if s._capture is not None:
-            self._captured(s, ("record", ev) if ev.external else None)
+            # a node holds the event's handle, not the event: it does not keep it alive
+            self._captured(s, ("record", weakref.ref(ev)) if ev.external else None)
             ev._rec = _Captured(s._capture)
             return
-        op = _Op("record", s.device_index, self.host_step)
+        op = _Op("record", s.device_index, self.host_step, self.host_ms)
         ev._rec = op  # the old record, if still queued, runs but no longer sets this event
         self._enqueue(s, op)
 
@@ -627,7 +677,8 @@ class CudaSim:
         if self._captured(s, None):
             return  # an eager event waited for inside a capture: not modelled (no node)
         if rec is not None and not rec.done:
-            self._enqueue(s, _Op("wait", s.device_index, self.host_step, target=rec))
+            self._enqueue(s, _Op("wait", s.device_index, self.host_step, self.host_ms,
+                                 target=rec))
 
     def _enqueue(self, s: SimStream, op: _Op) -> None:
         self._queues[op.device].append(op)
@@ -649,11 +700,14 @@ class CudaSim:
 
     def _execute(self, d: int) -> None:
         op = self._queues[d].popleft()
+        # nothing starts before the host enqueued it: an idle device waits for the host
+        clock = max(self._clocks[d], op.host)
         if op.kind == "kernel":
-            self._clocks[d] += op.ms
+            clock += op.ms
         elif op.kind == "record":
-            op.t = self._clocks[d]
+            op.t = clock
         elif op.target is not None:  # a wait: another device's record, enqueued earlier
             self._run_until(op.target)
-            self._clocks[d] = max(self._clocks[d], op.target.t)
+            clock = max(clock, op.target.t)
+        self._clocks[d] = clock
         op.done = True

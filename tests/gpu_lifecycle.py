@@ -27,6 +27,18 @@ The order, per the sources:
    attention, or eager; async scheduling: the host never waits, the device runs ``lag``
    steps behind.
 
+Beyond that order, as vLLM 0.32/0.33 run them: V1's warm-up ``_dummy_run`` at each compile
+size and its ``kernel_warmup`` before capture, V2's ``warmup_kernels`` (real steps) and its
+memory profiling by ``capture_model(profile_only=True)`` (every piecewise graph, the two
+largest FULL ones, into a throw-away pool); breakable CUDA graphs (``graphs="breakable"``:
+the whole model one compiled graph under vLLM's ``BreakableCUDAGraphWrapper``, attention
+an eager break, ``eager_break_during_capture``); micro-batching (``dbo=True``, the steps
+of ``gpu_ubatch_wrapper.UBatchWrapper``: two micro-batch threads taking turns on one
+compute stream, yielding inside a piece as vLLM's MoE all-to-all does; a FULL capture
+held by the main thread while the micro-batch threads run the model); an elastic-EP
+scale (``recapture``: every graph released and captured again while serving); and
+vLLM's scale (67 capture sizes, 60 pieces).
+
 Runnable as a script (the signal tests): ``python tests/gpu_lifecycle.py RUNNER MODE STEPS``.
 """
 
@@ -83,6 +95,11 @@ def install_simulator(sim: CudaSim, patcher: Any) -> None:
     patcher.setattr(type(current_platform), "_global_graph_pool", ("sim-pool", 0))
     patcher.setattr(cuda_graph, "weak_ref_tensors", lambda x: x)
     patcher.setattr(cuda_graph, "current_stream", lambda: torch.cuda.current_stream())
+    patcher.setattr(torch.accelerator, "empty_cache", lambda: None)
+    from vllm.compilation import breakable_cudagraph
+
+    for name in ("weak_ref_tensors", "weak_ref_tensor", "_weak_ref_capture_arg"):
+        patcher.setattr(breakable_cudagraph, name, lambda x: x)
 
 
 def on_gpu(patcher: Any) -> None:
@@ -101,7 +118,11 @@ def on_gpu(patcher: Any) -> None:
     patcher.setattr(plan, "device_name", lambda device: "NVIDIA H200")
 
 
-def vllm_config(mode_name: str) -> Any:
+# vLLM's default capture sizes (``CompilationConfig``: 1, 2, 4, then every 8 up to 512): 67
+VLLM_SIZES = [1, 2, 4, *range(8, 513, 8)]
+
+
+def vllm_config(mode_name: str, sizes: list[int] = CAPTURE_SIZES) -> Any:
     """A VllmConfig with CUDA graphs as a GPU would have them (vLLM's CPU platform turns
     them off in the constructor: set again after it)."""
     from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
@@ -109,16 +130,18 @@ def vllm_config(mode_name: str) -> Any:
     config = VllmConfig(compilation_config=CompilationConfig())
     cc = config.compilation_config
     cc.cudagraph_mode = CUDAGraphMode[mode_name]
-    cc.cudagraph_capture_sizes = list(CAPTURE_SIZES)
-    cc.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    cc.cudagraph_capture_sizes = list(sizes)
+    cc.max_cudagraph_capture_size = max(sizes)
     cc.cudagraph_num_of_warmups = 1  # what VllmConfig sets on a GPU
     cc.is_attention_compiled_piecewise = lambda: True  # (the dispatcher asserts it)
     return config
 
 
-def piece(index: int, pieces: int, sim: CudaSim) -> Any:
+def piece(index: int, pieces: int, sim: CudaSim, device_work: Any = None,
+          max_tokens: int = MAX_TOKENS) -> Any:
     """One piecewise graph as vLLM's compile hands it over (a general range), instrumented
-    through fxflops' piecewise hook."""
+    through fxflops' piecewise hook; its compiled code runs ``device_work()`` (default: one
+    ``PIECE_MS`` kernel, with a micro-batch's yield in the middle under DBO)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from fxflops.integrations.vllm import hooks
@@ -128,16 +151,23 @@ def piece(index: int, pieces: int, sim: CudaSim) -> Any:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ weight)
 
-    example = torch.randn(MAX_TOKENS, HIDDEN)
+    example = torch.randn(max_tokens, HIDDEN)
     # the weight a get_attr constant, as in vLLM's graphs; the token count symbolic
     gm = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(example)
 
+    def default_work() -> None:
+        sim.launch(PIECE_MS / 2)
+        MicroBatches.yield_()  # (vLLM's MoE all-to-all yields inside a piece)
+        sim.launch(PIECE_MS / 2)
+
+    work = device_work or default_work
+
     def compiled(x: torch.Tensor) -> torch.Tensor:
-        sim.launch(PIECE_MS)
+        work()
         return fn(x)
 
     class Range:
-        start, end = 1, MAX_TOKENS
+        start, end = 1, max_tokens
 
     named = {"graph": gm, "compile_range": Range(), "graph_index": index, "num_graphs": pieces,
              "example_inputs": [example]}
@@ -159,6 +189,120 @@ class Model:
             x = p(x)
             self.sim.launch(ATTENTION_MS)  # attention: outside the piecewise graphs
         return x
+
+
+class BreakableModel:
+    """The whole model one compiled graph (``VLLM_USE_BREAKABLE_CUDAGRAPH``): its code
+    launches each layer's kernels, attention an eager break (vLLM's real
+    ``eager_break_during_capture``: under a breakable capture it ends the segment, runs
+    eagerly and begins the next)."""
+
+    def __init__(self, layers: int, sim: CudaSim, max_tokens: int) -> None:
+        from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+        self.sim = sim
+        attention = eager_break_during_capture(lambda x: sim.launch(ATTENTION_MS))
+
+        def work() -> None:
+            for _ in range(layers):
+                sim.launch(PIECE_MS)
+                attention(torch.empty(0))
+
+        self.graph = piece(0, 1, sim, work, max_tokens)
+
+    def __call__(self, input_ids: Any = None, positions: Any = None,
+                 intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                 **kwargs: Any) -> torch.Tensor:
+        return self.graph(torch.ones(int(positions.shape[0]), HIDDEN))
+
+
+class MicroBatches:
+    """vLLM's ``UBatchWrapper`` (``gpu_ubatch_wrapper.py``) as its ``__call__`` runs, on two
+    micro-batch threads that take turns by CPU events (``ubatching.UBatchContext``): a FULL
+    step captures once per size, the main thread holding ``torch.cuda.graph(..., stream=
+    compute_stream)`` while the threads run the model on that stream, and replays after;
+    any other step runs the threads eager on the caller's stream. A micro-batch yields
+    mid-piece (``yield_``), so each piece's eager pair holds the other's kernels too."""
+
+    _tls = __import__("threading").local()
+
+    def __init__(self, runnable: Any, sim: CudaSim, vllm_config: Any) -> None:
+        self.runnable, self.sim, self.vllm_config = runnable, sim, vllm_config
+        self.graphs: dict[int, Any] = {}
+
+    @classmethod
+    def yield_(cls) -> None:
+        turn = getattr(cls._tls, "turn", None)
+        if turn is not None:
+            turn()
+
+    def __call__(self, positions: Any = None, **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+
+        tokens = int(positions.shape[0])
+        if tokens < 2:  # nothing to split
+            return self.runnable(positions=positions, **kwargs)
+        mode = get_forward_context().cudagraph_runtime_mode
+        if mode == CUDAGraphMode.FULL and tokens in self.graphs:
+            self.graphs[tokens].replay()
+            return None
+        stream = torch.cuda.current_stream()
+        if mode == CUDAGraphMode.FULL:  # capture, the main thread holding it
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                self._run(tokens, stream)
+            self.graphs[tokens] = graph
+            return None
+        return self._run(tokens, stream)
+
+    def _run(self, tokens: int, stream: Any) -> None:
+        import threading
+
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import set_forward_context
+
+        halves = [tokens // 2, tokens - tokens // 2]
+        wake = [threading.Event(), threading.Event()]
+        done = [False, False]
+        errors: list[BaseException] = []
+
+        def thread(i: int) -> None:
+            def turn() -> None:  # UBatchContext._cpu_yield: wake the other, sleep
+                if done[1 - i]:
+                    return
+                wake[1 - i].set()
+                wake[i].wait(10)
+                wake[i].clear()
+
+            try:
+                wake[i].wait(10)
+                wake[i].clear()
+                MicroBatches._tls.turn = turn
+                # each micro-batch's forward context: eager (vLLM's _make_ubatch_metadata)
+                with torch.cuda.stream(stream), set_forward_context(
+                        {}, self.vllm_config, num_tokens=halves[i],
+                        cudagraph_runtime_mode=CUDAGraphMode.NONE):
+                    self.runnable(positions=torch.arange(halves[i]))
+            except BaseException as e:  # (re-raised on the main thread)
+                errors.append(e)
+            finally:
+                MicroBatches._tls.turn = None
+                done[i] = True
+                wake[1 - i].set()  # the other finishes alone
+
+        threads = [threading.Thread(target=thread, args=(i,), name=f"ubatch-{i}")
+                   for i in (0, 1)]
+        for t in threads:
+            t.start()
+        wake[0].set()
+        for t in threads:
+            t.join(30)
+        if errors:
+            raise errors[0]
+
+    def clear_graphs(self) -> None:
+        self.graphs.clear()
 
 
 class Batch:
@@ -196,13 +340,23 @@ def runner_classes() -> tuple[type, type, type]:
             return 1 << 30
 
         def compile_or_warm_up_model(self) -> None:
+            self.model_runner.warm_up()  # V1: dummy runs, kernel warm-up; V2: real steps
             self.model_runner.capture_model()
             self.model_runner.after_capture()
 
     class SimV1Runner(_Lifecycle, v1.GPUModelRunner):
         def profile_run(self) -> None:
-            self._dummy_run(MAX_TOKENS, is_profile=True)
+            self._dummy_run(self.max_tokens, is_profile=True)
             torch.accelerator.synchronize()
+
+        def warm_up(self) -> None:
+            """``Worker.compile_or_warm_up_model``: an eager ``_dummy_run`` per compile
+            size, largest first, then ``kernel_warmup``'s eager run."""
+            from vllm.config import CUDAGraphMode
+
+            for size in (self.max_tokens, 4):
+                self._dummy_run(size, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+            self._dummy_run(self.max_tokens, cudagraph_runtime_mode=CUDAGraphMode.NONE)
 
         def capture_model(self) -> int:
             return self.capture_all(profile_only=False)
@@ -210,11 +364,27 @@ def runner_classes() -> tuple[type, type, type]:
         def after_capture(self) -> None:  # the sampler's warm-up run, eager, after capture
             from vllm.config import CUDAGraphMode
 
-            self._dummy_run(min(4, MAX_TOKENS), cudagraph_runtime_mode=CUDAGraphMode.NONE)
+            self._dummy_run(min(4, self.max_tokens), cudagraph_runtime_mode=CUDAGraphMode.NONE)
 
     class SimV2Runner(_Lifecycle, v2.GPUModelRunner):
         def profile_run(self) -> None:
             self.execute_model(None, dummy_run=True, is_profile=True)
+            torch.accelerator.synchronize()
+
+        def profile_cudagraph_memory(self) -> int:
+            """V2: ``capture_model(profile_only=True)`` into a throw-away pool, then the
+            graphs dropped (``gpu/cudagraph_utils.profile_cudagraph_memory``)."""
+            from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+            self.capture_model(profile_only=True)
+            CUDAGraphWrapper.clear_all_graphs()
+            self.full_graphs.clear()
+            return 0
+
+        def warm_up(self) -> None:
+            """``gpu/warmup.warmup_kernels``: real steps, a prefill then decodes."""
+            self.step([3], [0], eager=True)  # (no graph is captured yet: eager)
+            self.step([1, 1], [3, 5], eager=True)
             torch.accelerator.synchronize()
 
         def capture_model(self, profile_only: bool = False) -> int:
@@ -234,18 +404,25 @@ class _Lifecycle:
     version: str
     dispatcher: Any
     full_graphs: dict[Any, Any]
+    max_tokens: int
 
     # --- capture (V1 ``capture_model``/``_capture_cudagraphs``, V2 ``CudaGraphManager``) ---
 
     def capture_all(self, profile_only: bool) -> int:
         from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+        from vllm.config import CUDAGraphMode
 
         set_cudagraph_capturing_enabled(True)
         try:
             with self.capture_stream():
                 torch.accelerator.synchronize()
                 for mode, descs in self.dispatcher.get_capture_descs():
-                    for desc in (descs[:2] if profile_only else descs):
+                    # memory profiling: the two largest FULL graphs (V1: of each mode);
+                    # V2 captures every piecewise graph
+                    if profile_only and not (self.version == "v2" and
+                                             mode == CUDAGraphMode.PIECEWISE):
+                        descs = descs[:2]
+                    for desc in descs:
                         self.warm_up_and_capture(desc, mode)
                         torch.accelerator.synchronize()
         finally:
@@ -307,14 +484,17 @@ class _Lifecycle:
 
     # --- one serving step --------------------------------------------------------------
 
-    def step(self, query_lens: list[int], context_lens: list[int]) -> None:
-        """One scheduled step: dispatched (padded to a captured size, or eager), its
-        forward through the runner's own path; the host goes on at once."""
+    def step(self, query_lens: list[int], context_lens: list[int], eager: bool = False) -> None:
+        """One scheduled step: dispatched (padded to a captured size, or eager; ``eager``:
+        before any graph is captured), its forward through the runner's own path; the host
+        goes on at once."""
         from vllm.config import CUDAGraphMode
 
         tokens = int(sum(query_lens))
         uniform = all(q == 1 for q in query_lens)
         mode, desc = self.dispatcher.dispatch(tokens, uniform_decode=uniform)
+        if eager:
+            mode, desc = CUDAGraphMode.NONE, None
         padded = desc.num_tokens if desc is not None and mode != CUDAGraphMode.NONE else tokens
         batch = Batch(query_lens, context_lens, padded)
         if self.version == "v1":
@@ -336,7 +516,7 @@ def v2_execute_model(self: Any, scheduler_output: Any, intermediate_tensors: Any
     from vllm.forward_context import set_forward_context
 
     if dummy_run:
-        batch = Batch([MAX_TOKENS], [0], MAX_TOKENS)
+        batch = Batch([self.max_tokens], [0], self.max_tokens)
         mode, desc = CUDAGraphMode.NONE, None
     else:
         batch = scheduler_output
@@ -354,7 +534,12 @@ class Server:
     """One vLLM worker on the simulated GPU: its config, runner, model and fxflops' hooks."""
 
     def __init__(self, sim: CudaSim, patcher: Any, runner: str = "v1",
-                 mode: str = "FULL_AND_PIECEWISE", pieces: int = 3) -> None:
+                 mode: str = "FULL_AND_PIECEWISE", pieces: int = 3,
+                 sizes: list[int] = CAPTURE_SIZES, max_tokens: int = MAX_TOKENS,
+                 graphs: str = "wrapper", dbo: bool = False) -> None:
+        """``graphs``: "wrapper" (vLLM's ``CUDAGraphWrapper`` per piece) or "breakable"
+        (the whole model one graph, ``pieces`` layers, under ``BreakableCUDAGraphWrapper``);
+        ``dbo``: micro-batched (``MicroBatches``), V1's FULL graphs captured by it."""
         from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
         from vllm.config import CUDAGraphMode
         from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -368,22 +553,34 @@ class Server:
         on_gpu(patcher)
         patcher.setattr(v2.GPUModelRunner, "execute_model", v2_execute_model)
         v1_cls, v2_cls, worker_cls = runner_classes()
-        config = vllm_config(mode)
+        config = vllm_config(mode, sizes)
         graph_mode = config.compilation_config.cudagraph_mode
-        instrumented = [piece(i, pieces, sim) for i in range(pieces)]
-        if graph_mode.has_piecewise_cudagraphs():
-            instrumented = [CUDAGraphWrapper(p, config, runtime_mode=CUDAGraphMode.PIECEWISE,
-                                             cudagraph_options=CUDAGraphOptions(
-                                                 gc_disable=i > 0,
-                                                 weak_ref_output=i == pieces - 1))
-                            for i, p in enumerate(instrumented)]
-        model: Any = Model(instrumented, sim)
-        if runner == "v1" and graph_mode.has_full_cudagraphs():
+        model: Any
+        if graphs == "breakable":
+            from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+
+            model = BreakableCUDAGraphWrapper(BreakableModel(pieces, sim, max_tokens), config,
+                                              runtime_mode=CUDAGraphMode.PIECEWISE)
+        else:
+            instrumented = [piece(i, pieces, sim, max_tokens=max_tokens)
+                            for i in range(pieces)]
+            if graph_mode.has_piecewise_cudagraphs():
+                instrumented = [CUDAGraphWrapper(p, config,
+                                                 runtime_mode=CUDAGraphMode.PIECEWISE,
+                                                 cudagraph_options=CUDAGraphOptions(
+                                                     gc_disable=i > 0,
+                                                     weak_ref_output=i == pieces - 1))
+                                for i, p in enumerate(instrumented)]
+            model = Model(instrumented, sim)
+        if dbo:
+            model = MicroBatches(model, sim, config)
+        elif runner == "v1" and graph_mode.has_full_cudagraphs():
             model = CUDAGraphWrapper(model, config, runtime_mode=CUDAGraphMode.FULL)
         cls = v1_cls if runner == "v1" else v2_cls
         self.runner = object.__new__(cls)
         r = self.runner
         r.sim, r.version, r.vllm_config, r.model = sim, runner, config, model
+        r.max_tokens = max_tokens
         r.full_graphs = {}
         r.device = torch.device("cuda", 0)
         r.model_config = type("ModelConfig", (), {"dtype": torch.bfloat16})()
@@ -401,6 +598,19 @@ class Server:
         """The worker's start-up, in vLLM's order."""
         self.worker.determine_available_memory()
         self.worker.compile_or_warm_up_model()
+
+    def recapture(self) -> None:
+        """Elastic EP's scale while serving: every graph released, then captured again
+        (``CudaGraphManager.release_graphs``, then ``capture_model``)."""
+        from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+        CUDAGraphWrapper.clear_all_graphs()
+        BreakableCUDAGraphWrapper.clear_all_graphs()
+        if isinstance(self.runner.model, MicroBatches):
+            self.runner.model.clear_graphs()
+        self.runner.full_graphs.clear()
+        self.runner.capture_model()
 
     def serve(self, steps: int, seed: int = 0) -> dict[str, int]:
         """``steps`` scheduled steps: decode batches of 1-8 requests (FULL replays where the

@@ -256,6 +256,8 @@ def test_each_replay_records_the_external_events_again():
 
 
 def test_a_non_external_event_recorded_in_a_capture_is_no_timing_record():
+    """Its record is no node: a replay runs the kernel, not the record; reading it after
+    the capture is an error (recorded even where the caller swallows it)."""
     sim = CudaSim(lag=0)
     graph = sim.CUDAGraph()
     start, end = timed(sim)  # eager timestamps first
@@ -264,9 +266,100 @@ def test_a_non_external_event_recorded_in_a_capture_is_no_timing_record():
         sim.launch(2.0)
         end.record()
     graph.replay()
-    assert sim.clock(0) == 2.0 and end.query()  # the kernel replayed; the events did not
-    with pytest.raises(RuntimeError, match="inside a CUDA-graph capture"):
+    assert sim.clock(0) == 2.0  # the kernel replayed; the events did not
+    for read in (end.query, end.synchronize, lambda: start.elapsed_time(end)):
+        with pytest.raises(CudaCaptureError, match="StreamCaptureUnsupported"):
+            read()
+    assert [call for _, call, _ in sim.violations] == [
+        "Event.query", "Event.synchronize", "Event.elapsed_time"]
+    start.record()  # recorded again eagerly: readable again
+    end.record()
+    assert end.query() and start.elapsed_time(end) == 0.0
+
+
+def test_an_external_event_captured_but_not_replayed_is_queryable_without_a_time():
+    sim = CudaSim(lag=0)
+    graph = sim.CUDAGraph()
+    start, end = (sim.Event(enable_timing=True, external=True) for _ in range(2))
+    with sim.graph(graph):
+        start.record()
+        end.record()
+    assert end.query() and sim.violations == []
+    with pytest.raises(RuntimeError, match="no timestamp"):
         start.elapsed_time(end)
+
+
+def test_replaying_a_graph_whose_event_was_freed_is_a_use_after_free():
+    """A record node holds the event's handle, not the event: the graph does not keep it
+    alive, and a replay after it was freed is recorded as a violation."""
+    import gc
+
+    sim = CudaSim(lag=0)
+    kept, freed = sim.CUDAGraph(), sim.CUDAGraph()
+    for graph in (kept, freed):
+        events = [sim.Event(enable_timing=True, external=True) for _ in range(2)]
+        with sim.graph(graph):
+            events[0].record()
+            sim.launch(1.0)
+            events[1].record()
+        if graph is kept:
+            alive = events
+    del events
+    gc.collect()
+    kept.replay()
+    assert sim.violations == [] and alive[0].elapsed_time(alive[1]) == 1.0
+    freed.replay()
+    assert [(call, "use after free" in why) for _, call, why in sim.violations] == [
+        ("CUDAGraph.replay", True), ("CUDAGraph.replay", True)]
+
+
+def test_an_op_starts_no_earlier_than_the_host_enqueued_it():
+    """A device the host does not keep busy idles: an op starts at max(device clock, host
+    time at enqueue), so a pair around host gaps spans them; a device with work queued
+    runs it back to back, whatever the host does meanwhile."""
+    sim = CudaSim(lag=0)
+    start, end = timed(sim)
+    start.record()
+    for _ in range(3):
+        sim.host(1.0)  # the host takes 1 ms per launch; the kernels 0.1 ms each
+        sim.launch(0.1)
+    end.record()
+    assert start.elapsed_time(end) == pytest.approx(3.1)  # host gaps included
+    assert sim.host_clock_ns() == 3_000_000
+    busy = CudaSim(lag=1)
+    start, end = timed(busy)
+    busy.launch(5.0)  # queued ahead: the device is busy while the host launches
+    start.record()
+    for _ in range(3):
+        busy.host(1.0)
+        busy.launch(2.0)
+    end.record()
+    busy.step()
+    assert start.elapsed_time(end) == pytest.approx(6.0)  # the kernels only
+
+
+def test_a_capture_takes_the_launches_of_another_thread_on_its_stream():
+    """vLLM's micro-batching: the main thread holds the capture, micro-batch threads run
+    the model on the capture's stream (relaxed enough not to query): their launches are
+    the graph's, and a replay runs them."""
+    import threading
+
+    sim = CudaSim(lag=0)
+    graph = sim.CUDAGraph()
+    stream = sim.Stream()
+    with sim.graph(graph, stream=stream):
+        def worker():
+            sim.exchange_capture_mode("relaxed")
+            with sim.stream(stream):
+                assert sim.is_current_stream_capturing()
+                sim.launch(2.0)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    assert sim.clock(0) == 0.0 and sim.violations == []
+    graph.replay()
+    assert sim.clock(0) == 2.0
 
 
 def test_a_stream_waiting_for_a_captured_event_joins_the_capture():

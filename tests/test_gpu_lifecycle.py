@@ -41,9 +41,9 @@ def server(monkeypatch):
 
     made = []
 
-    def make(runner: str, mode: str) -> Server:
+    def make(runner: str, mode: str, **kwargs) -> Server:
         sim = CudaSim(lag=2, devices=1)
-        s = Server(sim, monkeypatch, runner=runner, mode=mode)
+        s = Server(sim, monkeypatch, runner=runner, mode=mode, **kwargs)
         made.append(s)
         s.start()
         return s
@@ -55,6 +55,9 @@ def server(monkeypatch):
 
     hooks.uninstall()
     CUDAGraphWrapper.clear_all_graphs()
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+
+    BreakableCUDAGraphWrapper.clear_all_graphs()
     for s in made:
         cuda_events._CLOCKS.pop(s.sim.CUDAGraph, None)
 
@@ -188,6 +191,156 @@ def test_prometheus_counts_every_replay(server):
                 graph = sample.labels["graph"]
                 calls[graph] = calls.get(graph, 0) + sample.value
     assert calls and set(calls.values()) == {50.0}
+    assert s.sim.violations == []
+
+
+def serving_rows(rec):
+    """{graph name: [its serving rows]}"""
+    return {g.name: list(g.rows.values()) for g in rec.graphs}
+
+
+def assert_served(rec, calls: int, timed_share: float = 0.9) -> None:
+    """Every serving call counted (``calls`` per graph), at least ``timed_share`` of them
+    timed while the device is still two steps behind."""
+    rec.to_dict()
+    for name, rows in serving_rows(rec).items():
+        n, timed = sum(r.count for r in rows), sum(r.samples_taken for r in rows)
+        assert n == calls, (name, n, calls)
+        assert timed >= timed_share * n, (name, timed, n)
+
+
+def assert_whole(rec, sim) -> None:
+    """Once the device caught up and the last replays are read: timed + lost = calls."""
+    sim.drain()
+    cuda_events.collect_all(final=True)
+    for rows in serving_rows(rec).values():
+        for r in rows:
+            assert r.samples_taken + r.lost == r.count, (r.size, r.count, r.samples_taken,
+                                                         r.lost)
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_breakable_graphs_time_each_call_over_its_segments(server, runner):
+    """``VLLM_USE_BREAKABLE_CUDAGRAPH``: the whole model one compiled graph, its capture
+    broken at each layer's attention (3 layers: 3 graph segments and 3 eager breaks... the
+    last segment after the last break). Each call is split across captures: every serving
+    call counted, at least 90% timed two steps behind, and each time is its segments'
+    (graph and eager alike): 3 x (0.2 + 0.1) = 0.9 ms."""
+    from tests.gpu_lifecycle import ATTENTION_MS, PIECE_MS
+
+    s = server(runner, "PIECEWISE", graphs="breakable")
+    s.serve(120)
+    rec = fxflops.recorder()
+    assert_served(rec, 120)
+    assert_whole(rec, s.sim)
+    whole_ms = 3 * (PIECE_MS + ATTENTION_MS)
+    (rows,) = serving_rows(rec).values()
+    assert {round(x / 1e6, 4) for r in rows for x in r.samples()} == {round(whole_ms, 4)}
+    assert s.sim.violations == []
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_micro_batched_pieces_are_counted_and_say_they_share_the_stream(server, runner):
+    """DBO: each step of 2+ tokens runs as two micro-batches on two threads taking turns on
+    one compute stream (a yield mid-piece), V1's FULL steps captured by the main thread
+    while the threads run the model. Every micro-batch's piece call is counted in its
+    serving row (two per step, one for a 1-token step); eager micro-batched calls are
+    timed, and their rows say the time is shared with the other micro-batch's; no call
+    made under the capture is lost to the wrong thread; nothing illegal."""
+    s = server(runner, "PIECEWISE" if runner == "v2" else "FULL_AND_PIECEWISE", dbo=True)
+    rng_steps = s.serve(80)
+    rec = fxflops.recorder()
+    rec.to_dict()
+    report = rec.to_dict()
+    forwards = sum(r["calls"] for r in report["forward"])
+    assert forwards == 80
+    # calls per piece: 2 per micro-batched step, 1 per single-token step
+    sizes = [r for r in report["forward"]]
+    expected = sum(r["calls"] * (2 if r["size"] >= 2 else 1) for r in sizes)
+    calls = {name: sum(r.count for r in rows) for name, rows in serving_rows(rec).items()}
+    assert set(calls.values()) == {expected}, (calls, expected, rng_steps)
+    assert_whole(rec, s.sim)
+    eager_shared = [r for rows in serving_rows(rec).values() for r in rows
+                    if r.shared and r.samples_taken]
+    assert eager_shared, "the micro-batches' eager calls should say they shared the stream"
+    for rows in serving_rows(rec).values():
+        for r in rows:
+            if r.on_device and r.size >= 1 and r.shared:
+                assert r.shared <= r.samples_taken
+    assert s.sim.violations == []
+
+
+def test_v2_memory_profiling_captures_are_profile_not_capture(server):
+    """V2 profiles its graphs' memory by ``capture_model(profile_only=True)``: every
+    piecewise graph (and the two largest FULL) captured and dropped. Their eager warm-up
+    runs are "profile" calls, not "capture" ones: the "capture" rows hold the real
+    capture's warm-ups only (one per captured size and mode), and ``warmup_kernels``' real
+    steps are "warmup" calls; serving rows empty."""
+    s = server("v2", "PIECEWISE")
+    rec = fxflops.recorder()
+    by_phase: dict[str, int] = {}
+    for g in rec.to_dict()["graphs"]:
+        for w in g.get("warmup", []):
+            by_phase[(g["name"], w["warmup"])] = by_phase.get((g["name"], w["warmup"]), 0) \
+                + w["calls"]
+    descs = sum(len(d) for _, d in s.runner.dispatcher.get_capture_descs())
+    for g in rec.graphs:
+        # profile: the profile run and one eager warm-up per profiled graph (every size)
+        assert by_phase[(g.name, "profile")] == 1 + descs
+        assert by_phase[(g.name, "capture")] == descs
+        assert by_phase[(g.name, "warmup")] == 2  # warmup_kernels' two real steps
+    assert set(serving_calls(rec).values()) == {0}
+    assert s.sim.violations == []
+
+
+def test_v1_warm_up_runs_before_capture_stay_out_of_serving(server):
+    """V1's ``compile_or_warm_up_model``: eager ``_dummy_run`` at each compile size and
+    ``kernel_warmup`` before capture, the sampler's after: "warmup" rows, none serving."""
+    s = server("v1", "FULL_AND_PIECEWISE")
+    rec = fxflops.recorder()
+    report = rec.to_dict()
+    for g in report["graphs"]:
+        warm = sum(w["calls"] for w in g.get("warmup", []) if w["warmup"] == "warmup")
+        assert warm == 3 + 1  # three dummy runs before capture, the sampler's after
+        assert g["rows"] == [] or sum(r["calls"] for r in g["rows"]) == 0
+    assert s.sim.violations == []
+
+
+def test_graphs_released_and_captured_again_while_serving_count_on(server):
+    """Elastic EP scales while serving: every graph released and captured again. Serving
+    calls before and after are all counted in the serving rows (the re-capture's own
+    eager warm-ups in "capture" rows), and the old graphs' entries go with them."""
+    import gc
+
+    s = server("v1", "FULL_AND_PIECEWISE")
+    s.serve(40)
+    clock = cuda_events.clock()  # (torch.cuda's: the simulator is installed there)
+    before = len(clock.graphs)
+    with phases.warmup("capture"):  # (vLLM's capture_model, as the hooks phase it)
+        s.recapture()
+    gc.collect()
+    assert len(clock.graphs) <= before  # the released graphs' entries are gone
+    s.serve(40, seed=1)
+    rec = fxflops.recorder()
+    rec.to_dict()  # (counts the FULL graphs' replays, those of released graphs too)
+    assert set(serving_calls(rec).values()) == {80}
+    assert_whole(rec, s.sim)
+    assert s.sim.violations == []
+
+
+def test_vllms_scale_67_sizes_60_pieces(server):
+    """vLLM's default capture sizes (67) and a 60-piece model, PIECEWISE: every serving
+    call counted, at least 90% timed with the device two steps behind, timed + lost =
+    calls once it caught up, no violation."""
+    from tests.gpu_lifecycle import VLLM_SIZES
+
+    assert len(VLLM_SIZES) == 67
+    s = server("v1", "PIECEWISE", pieces=60, sizes=VLLM_SIZES, max_tokens=512)
+    s.serve(60)
+    rec = fxflops.recorder()
+    assert len(rec.graphs) == 60
+    assert_served(rec, 60)
+    assert_whole(rec, s.sim)
     assert s.sim.violations == []
 
 

@@ -571,3 +571,237 @@ def test_real_cuda_events_time_a_matmul():
     assert row.count == 5
     clock.collect(wait_s=5.0)
     assert row.samples_taken == 5 and len(row.samples()) == 5 and min(row.samples()) > 0
+
+
+# --- the GPU machinery beyond one thread and one capture: vLLM's micro-batch threads (DBO),
+# --- breakable CUDA graphs, a starved device, reads under capture ------------------------
+
+
+def test_a_call_captured_on_a_micro_batch_thread_is_counted_at_every_replay(sim):
+    """vLLM's micro-batching (DBO): the main thread holds the capture, two micro-batch
+    threads run the model on its stream. Each call is registered with that capture (no
+    thread-local stack of its own), its pair kept alive with the graph, and every replay
+    counts both; no use after free, no violation."""
+    import gc
+
+    clock = cuda_events.clock(sim)
+    records = [Record(), Record()]
+    g = sim.CUDAGraph()
+    stream = sim.Stream()
+
+    def micro_batch(record):
+        sim.exchange_capture_mode("relaxed")  # (vLLM's threads make no unsafe call)
+        with sim.stream(stream):
+            clock.time_call(lambda: sim.launch(1.0), (), None, record, 4)
+
+    with sim.graph(g, stream=stream):
+        for record in records:
+            t = threading.Thread(target=micro_batch, args=(record,))
+            t.start()
+            t.join()
+    gc.collect()  # the captured pairs live as long as the graph, not the call
+    for _ in range(3):
+        g.replay()
+        sim.step()
+    sim.drain()
+    clock.collect(final=True)
+    rows = [r.rows[(phases.SERVING, 4)] for r in records]
+    assert [row.count for row in rows] == [3, 3]
+    for row in rows:
+        assert row.samples_taken + row.lost == 3 and row.samples_taken >= 1
+    assert sim.violations == []
+
+
+def test_a_captured_call_no_capture_can_be_found_for_is_kept_alive_and_said(sim, caplog):
+    """Two captures in progress on other threads' streams, a call on a third stream joined
+    to one of them, from a thread with no capture of its own: neither its thread, nor its
+    stream, nor its device names one capture. fxflops says so once and keeps the pair
+    alive (the graph records into it at every replay)."""
+    import gc
+
+    clock = cuda_events.clock(sim)
+    sim.exchange_capture_mode("relaxed")
+    other = sim.Stream()
+    a, b = sim.CUDAGraph(), sim.CUDAGraph()
+    side = [sim.Stream(), sim.Stream()]
+    ready, done = threading.Event(), threading.Event()
+
+    def hold(graph, stream):
+        sim.exchange_capture_mode("relaxed")
+        with sim.stream(stream):
+            graph.capture_begin(capture_error_mode="relaxed")
+            ready.set()
+            done.wait(5)
+            graph.capture_end()
+
+    threads = [threading.Thread(target=hold, args=(g, s)) for g, s in zip((a, b), side)]
+    for t in threads:
+        t.start()
+        ready.wait(5)
+        ready.clear()
+    with sim.stream(other):
+        other.wait_event(side[0].record_event(sim.Event()))  # joins ``a``'s capture
+        clock.time_call(lambda: sim.launch(1.0), (), None, Record(), 4)
+    done.set()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert len(clock.unowned) == 1
+    assert "could not find" in caplog.text
+    a.replay()  # records the pair again: alive
+    assert sim.violations == []
+
+
+def test_a_call_split_across_captures_is_timed_over_its_segments(sim):
+    """vLLM's breakable CUDA graphs: one call starts in a capture that ends at an eager
+    op, which runs, and a new capture goes on to the call's end. At replay the segments
+    replay in order (graph, eager op, graph): the call's time is all of them (8 ms, not
+    the last segment's 2), every replay counted and, with the device two steps behind,
+    at least 90% timed."""
+    clock = cuda_events.clock(sim)
+    record = Record()
+    stream = sim.Stream()
+    segments: list = []
+
+    def forward():  # 3 ms in graph 1, a 3 ms eager break, 2 ms in graph 2
+        sim.launch(3.0)
+        segments[-1].capture_end()
+        sim.launch(3.0)
+        g2 = sim.CUDAGraph()
+        g2.capture_begin()
+        segments.append(g2)
+        sim.launch(2.0)
+
+    with phases.warmup("capture"), sim.stream(stream):
+        g1 = sim.CUDAGraph()
+        g1.capture_begin()
+        segments.append(g1)
+        clock.time_call(forward, (), None, record, 8)
+        segments[-1].capture_end()
+    for _ in range(100):
+        g1.replay()
+        sim.launch(3.0)  # the eager segment
+        segments[1].replay()
+        sim.step()
+    sim.drain()
+    clock.collect(final=True)
+    row = record.rows[(phases.SERVING, 8)]
+    assert row.count == 100 and row.samples_taken >= 90
+    assert set(row.samples()) == {8_000_000}
+    assert sim.violations == []
+
+
+def test_start_under_capture_records_nothing_and_reads_stay_legal(sim):
+    """The whole-forward and drafter clocks call ``start``/``stop`` themselves: under a
+    capture (a drafter pass captured while serving) nothing is recorded or counted; the
+    next eager calls read their pairs without ever querying an event recorded in a
+    capture."""
+    clock = cuda_events.clock(sim)
+    row = SizeStats((1,), 1)
+    g = sim.CUDAGraph()
+    with sim.graph(g):
+        token = clock.start(row)
+        sim.launch(1.0)
+        clock.stop(token)
+    for _ in range(3):
+        token = clock.start(row)
+        sim.launch(1.0)
+        clock.stop(token)
+        sim.step()
+    sim.drain()
+    clock.collect()
+    assert (row.count, row.samples_taken) == (3, 3) and sim.violations == []
+
+
+def test_an_unreadable_pair_loses_its_sample_not_the_call(sim, monkeypatch):
+    """A pair whose ``query()`` raises (an event CUDA cannot read) loses its sample and
+    leaves the pool; the next pairs are read on."""
+    clock = cuda_events.clock(sim)
+    row = SizeStats((1,), 1)
+    clock.time_call(lambda: sim.launch(1.0), (), row)
+    bad = clock.pending[0].end
+
+    def refuse():
+        raise RuntimeError("CUDA error: operation not supported")
+
+    monkeypatch.setattr(bad, "query", refuse)
+    for _ in range(2):
+        clock.time_call(lambda: sim.launch(1.0), (), row)
+    sim.drain()
+    clock.collect()
+    assert (row.count, row.samples_taken, row.lost) == (3, 2, 1)
+    assert all(bad is not end for _, end in clock.pools.get(0, []))
+
+
+def test_a_starved_devices_rows_say_the_host_paced_them(sim):
+    """A call whose launches the host spreads out (1 ms of host time per 0.1 ms kernel)
+    on a device with nothing queued: its time is the host's, and the row says host-bound;
+    the same call on a device with its queue full (two steps behind, 5 ms kernels) says
+    device-bound."""
+    from fxflops.report.figures import row_figures
+
+    def call(host_ms, kernel_ms):
+        for _ in range(4):
+            sim.host(host_ms)
+            sim.launch(kernel_ms)
+
+    clock = cuda_events.clock(sim)
+    sim.lag = 0
+    starved = SizeStats((1,), 1)
+    for _ in range(10):
+        clock.time_call(lambda: call(1.0, 0.1), (), starved)
+        sim.host(0.5)
+    clock.collect()
+    assert starved.samples_taken == 10
+    assert starved.percentiles()["median_ms"] == pytest.approx(4.0, abs=0.11)
+    sim.lag = 2
+    busy = SizeStats((1,), 1)
+    for _ in range(10):
+        clock.time_call(lambda: call(0.01, 5.0), (), busy)
+        sim.step()
+    sim.drain()
+    clock.collect()
+    assert busy.samples_taken == 10 and busy.percentiles()["median_ms"] == pytest.approx(20.0)
+    figures = [row_figures(r, {}) for r in (starved, busy)]
+    assert [f["time_bound"] for f in figures] == ["host", "device"]
+    assert [f["host_bound_calls"] for f in figures] == [10, 0]
+
+
+def test_micro_batches_sharing_the_stream_say_their_time_is_shared(sim):
+    """vLLM's eager micro-batches: two threads take turns on one compute stream, each
+    call open while the other's kernels run (a yield inside it): both rows say their
+    samples are shared; a whole forward's bracket around one thread's call is not."""
+    from fxflops.report.figures import row_figures
+
+    clock = cuda_events.clock(sim)
+    rows = [SizeStats((2,), 2), SizeStats((2,), 2)]
+    turn = [threading.Event(), threading.Event()]
+
+    def micro_batch(i):
+        for _ in range(3):
+            turn[i].wait(5)
+            turn[i].clear()
+            token = clock._start(rows[i], 0)  # (a graph call's pair, as time_call's)
+            sim.launch(1.0)
+            turn[1 - i].set()  # yield mid-call: the other runs its kernels now
+            turn[i].wait(5)
+            turn[i].clear()
+            sim.launch(1.0)
+            clock.stop(token)
+            turn[1 - i].set()
+
+    threads = [threading.Thread(target=micro_batch, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    turn[0].set()
+    for t in threads:
+        t.join(10)
+    alone, inner = SizeStats((2,), 2), SizeStats((2,), 2)
+    outer = clock.start(alone)  # a whole forward's bracket
+    clock.time_call(lambda: sim.launch(1.0), (), inner)
+    clock.stop(outer)
+    sim.drain()
+    clock.collect()
+    assert [r.count for r in rows] == [3, 3]
+    assert [row_figures(r, {})["shared_calls"] for r in rows] == [3, 3]
+    assert [row_figures(r, {})["shared_calls"] for r in (alone, inner)] == [0, 0]

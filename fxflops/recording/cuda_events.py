@@ -27,10 +27,30 @@ replaying thread, O(1) in the number of calls captured:
   when the previous replay has finished, at most once every ``len(calls)`` replays (one
   ``query()`` per replay), and those not read are counted lost.
 
+**Which capture a call belongs to.** A call made while its stream captures belongs to the
+capture this thread holds (innermost first); failing that (vLLM's micro-batch threads run
+the model while the main thread holds the capture), to the capture in progress on the
+call's stream, or the only one on its device. A call that starts in one capture and ends
+in a later one (vLLM's breakable CUDA graphs: a capture ended and begun again around each
+eager op) is a *split* call: at replay, a pooled eager pair starts before its first
+graph's replay and stops after its last's, so its time is its segments', eager ones
+included. A captured pair is kept alive as long as its graph (a graph's record node does
+not keep its event alive: a freed one would be recorded into after free).
+
+**What a time says.** A pair spans whatever the device did between its records. Two calls
+of different threads open at once on one device (vLLM's micro-batches, eager, share one
+compute stream) each hold the other's kernels: their samples count as *shared*. A call
+that found the device idle when it started (every pair before it read as finished) and
+whose device time is within ``HOST_BOUND`` of the host's time between its two records was
+paced by the host's launches, not by its kernels: its sample counts as *host-bound*.
+
 **Capture is never disturbed.** While any capture is in progress (in any thread, in any
 capture mode) fxflops makes no ``query``, ``synchronize``, ``elapsed_time`` or profiling
 call: the calling thread skips reading, and a collection on another thread skips its round
 (``Collected.skipped_capture``). Reads from fxflops' own threads run on the event's device.
+``start`` made while the current stream captures records nothing (a capture runs nothing:
+there is no call to count); an event that cannot be read (``query()`` raises) loses its
+sample, never the call.
 
 **Bounded waits.** A collection may wait for pairs in flight, by polling ``query()`` until a
 deadline, never with ``synchronize()``, and never holding the lock while it sleeps: a hung
@@ -50,6 +70,11 @@ from typing import Any
 
 from fxflops.recording import phases
 from fxflops.recording.runtime_costs import charge_runtime
+from fxflops.util import warn_once
+
+# a call whose device time is at most this times the host's between its two records, and
+# which found the device idle, was paced by the host (see the module's text)
+HOST_BOUND = 1.25
 
 
 def _torch_cuda() -> Any:
@@ -59,12 +84,36 @@ def _torch_cuda() -> Any:
 
 
 class _Pending:
-    """An eager pair in flight: read when its end event has completed."""
+    """An eager pair in flight: read when its end event has completed. (``start`` None: a
+    ``start`` made under capture, which times and counts nothing.)"""
 
-    __slots__ = ("start", "end", "row", "device")
+    __slots__ = ("start", "end", "row", "device", "thread", "t0", "host_ns", "idle",
+                 "shared")
 
-    def __init__(self, start: Any, end: Any, row: Any, device: int) -> None:
+    def __init__(self, start: Any, end: Any, row: Any, device: int, thread: int = 0,
+                 idle: bool = False) -> None:
         self.start, self.end, self.row, self.device = start, end, row, device
+        self.thread, self.idle = thread, idle
+        self.t0 = self.host_ns = 0
+        self.shared = False
+
+
+class _Split:
+    """A call held by a run of graphs (a breakable capture's segments): its pair opens at
+    its first graph's replay and closes after its last's, on the replaying thread."""
+
+    __slots__ = ("held", "rows", "token")
+
+    def __init__(self, held: _Held) -> None:
+        self.held = held
+        self.rows: dict[str, Any] = {}  # phase -> the call's row in it
+        self.token: _Pending | None = None
+
+    def row_in(self, phase: str) -> Any:
+        row = self.rows.get(phase)
+        if row is None:
+            row = self.rows[phase] = self.held.record.row_in(phase, self.held.key)
+        return row
 
 
 class _Held:
@@ -81,11 +130,20 @@ class CapturedGraph:
     """What fxflops knows of one CUDA graph: the instrumented calls it holds, and its replays
     per phase (several calls: counted at the next collection)."""
 
-    __slots__ = ("calls", "runtime", "device", "rows", "pending", "unread", "last_phase",
-                 "next_read", "__weakref__")
+    __slots__ = ("calls", "runtime", "device", "stream", "thread", "rows", "pending",
+                 "unread", "last_phase", "next_read", "opens", "closes", "keep", "active",
+                 "graph", "__weakref__")
 
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, stream: Any = None, thread: int = 0) -> None:
         self.calls: list[_Held] = []
+        # split calls (``_Split``) that start in this graph, and those that end in it
+        self.opens: list[_Split] = []
+        self.closes: list[_Split] = []
+        # captured pairs of no instrumented call (kept alive with the graph)
+        self.keep: list[tuple[Any, Any]] = []
+        self.active = False  # holds, opens or closes an instrumented call
+        self.stream, self.thread = stream, thread  # where and by whom it is captured
+        self.graph: Callable[[], Any] = lambda: None  # the graph, by weak reference
         # the held calls with run-time costs (vLLM attention in a whole-model graph), by
         # index: charged per replay from the step's lengths (set when the capture ends)
         self.runtime: list[int] = []
@@ -123,13 +181,22 @@ class CudaClock:
     def __init__(self, cuda: Any, max_in_flight: int = 1024) -> None:
         self.cuda = cuda
         self.max_in_flight = max_in_flight
+        # the host's clock the device's times are compared with (a simulator's own)
+        self.now: Callable[[], int] = getattr(cuda, "host_clock_ns", None) or time.perf_counter_ns
         self.lock = threading.Lock()
         self.pending: deque[_Pending] = deque()
+        self.open: list[_Pending] = []  # pairs started and not stopped yet
         self.pools: dict[int, list[tuple[Any, Any]]] = {}
         self.dropped = 0  # samples given up past max_in_flight
         self.capturing = 0  # captures in progress, in any thread
+        self.captures: list[CapturedGraph] = []  # ... and their graphs
+        self.unowned: list[tuple[Any, Any]] = []  # captured pairs no capture could be found for
         self.replays = 0  # replays of graphs holding instrumented calls (host side)
         self.graphs: weakref.WeakKeyDictionary[Any, CapturedGraph] = weakref.WeakKeyDictionary()
+        # graphs holding several calls, whose replays are counted at a collection: kept
+        # until then even if the graph is freed first (vLLM releases graphs and captures
+        # again while serving: elastic EP), so that no replay goes uncounted
+        self.several: list[CapturedGraph] = []
         self._capture = threading.local()  # .graphs: the graphs this thread captures, innermost last
         self._patch()
 
@@ -141,27 +208,49 @@ class CudaClock:
         graph being captured, whose replays count it in ``record``'s row for ``key``."""
         if self.cuda.is_current_stream_capturing():
             return self._captured_call(fn, args, record, key)
-        token = self.start(row)
+        token = self._start(row, self.cuda.current_device())
         out = fn(*args)
         self.stop(token)
         return out
 
     def start(self, row: Any) -> _Pending:
-        """Record a start event for a call of ``row`` (not under stream capture); ``stop``
-        the token after the call."""
-        device = self.cuda.current_device()
+        """Record a start event for a call of ``row``; ``stop`` the token after the call.
+        Under stream capture nothing is recorded (a capture runs nothing: no call to count;
+        its replays are timed where they are made)."""
+        if self.cuda.is_current_stream_capturing():
+            return _Pending(None, None, row, -1)
+        return self._start(row, self.cuda.current_device(), bracket=True)
+
+    def _start(self, row: Any, device: int, bracket: bool = False) -> _Pending:
+        """(``bracket``: a pair around other calls, a whole forward's: its time holds theirs
+        by design, and it shares no one's.)"""
+        me = threading.get_ident()
         with self.lock:
+            idle = False
             if not self.capturing:  # no query while anything captures
                 self._read_finished()
+                idle = not self.pending  # every earlier pair has run: the device waits
             pool = self.pools.get(device)
             start, end = pool.pop() if pool else self._new_pair()
+            token = _Pending(start, end, row, device, me, idle)
+            if not bracket:
+                for other in self.open:  # another thread's call open on this device
+                    if other.device == device and other.thread != me:
+                        other.shared = token.shared = True
+                self.open.append(token)
         start.record()
-        return _Pending(start, end, row, device)
+        token.t0 = self.now()
+        return token
 
     def stop(self, token: _Pending) -> None:
         """Record the end event: the call is counted now, timed when the pair is read."""
+        if token.start is None:  # started under capture
+            return
+        token.host_ns = self.now() - token.t0
         token.end.record()
         with self.lock:
+            if token in self.open:
+                self.open.remove(token)
             token.row.add_call()
             if len(self.pending) >= self.max_in_flight:
                 self.pending.popleft().row.add_lost()
@@ -172,20 +261,26 @@ class CudaClock:
         return (self.cuda.Event(enable_timing=True), self.cuda.Event(enable_timing=True))
 
     def _read_finished(self, limit: int | None = None) -> int:
-        """(Under the lock, no capture in progress.) Credit the finished pairs, oldest first."""
+        """(Under the lock, no capture in progress.) Credit the finished pairs, oldest first.
+        A pair that cannot be read loses its sample (and leaves the pool)."""
         done = 0
         pending = self.pending
         while pending and (limit is None or done < limit):
             token = pending[0]
-            if not token.end.query():
-                break
-            pending.popleft()
             try:
+                if not token.end.query():
+                    break
                 ns = int(token.start.elapsed_time(token.end) * 1e6)
-            except RuntimeError:  # (not readable after all: its sample is lost)
+            except RuntimeError as e:  # (an event CUDA cannot read: its sample is lost)
+                pending.popleft()
                 token.row.add_lost()
-            else:
-                token.row.add_late(ns)
+                warn_once(f"cuda-read:{type(e).__name__}", "fxflops: a CUDA-event pair "
+                          "could not be read; its sample is lost (%s: %s)", type(e).__name__, e)
+                done += 1
+                continue
+            pending.popleft()
+            token.row.add_late(ns, token.idle and ns <= HOST_BOUND * token.host_ns,
+                               token.shared)
             self.pools.setdefault(token.device, []).append((token.start, token.end))
             done += 1
         return done
@@ -195,17 +290,52 @@ class CudaClock:
     def _captured_call(self, fn: Callable[..., Any], args: Sequence[Any], record: Any,
                        key: Any) -> Any:
         """A call made while the stream captures: nothing runs now (no call is counted);
-        the pair recorded here runs at each replay."""
+        the pair recorded here runs at each replay of the graph (or graphs) holding it."""
         start = self.cuda.Event(enable_timing=True, external=True)
         end = self.cuda.Event(enable_timing=True, external=True)
+        first = self._capture_of_call()
         start.record()
         out = fn(*args)
         end.record()
-        graphs = getattr(self._capture, "graphs", None)
-        if graphs and record is not None:
-            with self.lock:
-                graphs[-1].calls.append(_Held(record, key, start, end))
+        last = self._capture_of_call()
+        with self.lock:
+            if first is None or last is None:
+                # (never dropped: the graph records into these events at every replay)
+                self.unowned.append((start, end))
+                warn_once("cuda-capture-unowned", "fxflops: a call was captured in a CUDA "
+                          "graph fxflops could not find (not this thread's, not on its "
+                          "stream or device): its replays are not counted")
+            elif record is None:
+                last.keep.append((start, end))
+                if first is not last:
+                    first.keep.append((start, end))
+            elif first is last:
+                last.calls.append(_Held(record, key, start, end))
+                last.active = True
+            else:  # a call split across captures: timed from its first graph to its last
+                # (the first's capture has ended by now: it is made active here, not there)
+                split = _Split(_Held(record, key, start, end))
+                first.opens.append(split)
+                last.closes.append(split)
+                first.active = last.active = True
         return out
+
+    def _capture_of_call(self) -> CapturedGraph | None:
+        """The capture a call made now belongs to (see the module's text)."""
+        stack = getattr(self._capture, "graphs", None)
+        if stack:
+            return stack[-1]
+        with self.lock:
+            captures = list(self.captures)
+        if not captures:
+            return None
+        stream = self.cuda.current_stream()
+        for entry in captures:
+            if entry.stream == stream:
+                return entry
+        device = self.cuda.current_device()
+        on_device = [entry for entry in captures if entry.device == device]
+        return on_device[0] if len(on_device) == 1 else None
 
     def _patch(self) -> None:
         """Wrap the graph class once; the wrappers find the class's current clock."""
@@ -230,7 +360,7 @@ class CudaClock:
             def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
                 clock = _CLOCKS[graph_cls]
                 entry = clock.graphs.get(graph)
-                if entry is None or not entry.calls:
+                if entry is None or not entry.active:
                     return replay(graph, *args, **kwargs)
                 return clock.replayed(entry, replay, graph, args, kwargs)
 
@@ -244,9 +374,13 @@ class CudaClock:
         with self.lock:  # (a collection on another thread finishes its reads first)
             self.capturing += 1
         try:
-            entry = CapturedGraph(self.cuda.current_device())
+            # (the stream torch captures on: this thread's current one)
+            entry = CapturedGraph(self.cuda.current_device(), self.cuda.current_stream(),
+                                  threading.get_ident())
+            entry.graph = weakref.ref(graph)
             with self.lock:
                 self.graphs[graph] = entry
+                self.captures.append(entry)
             stack = getattr(self._capture, "graphs", None)
             if stack is None:
                 stack = self._capture.graphs = []
@@ -265,31 +399,48 @@ class CudaClock:
     def _capture_done(self, graph: Any) -> None:
         stack = getattr(self._capture, "graphs", None) or []
         entry = self.graphs.get(graph)
-        if entry is not None:
-            entry.runtime = [i for i, held in enumerate(entry.calls) if held.runtime]
-            if entry in stack:
-                stack.remove(entry)
         with self.lock:
+            if entry is not None:
+                entry.runtime = [i for i, held in enumerate(entry.calls) if held.runtime]
+                if len(entry.calls) > 1 and entry not in self.several:
+                    self.several.append(entry)
+                if entry in stack:
+                    stack.remove(entry)
+                if entry in self.captures:
+                    self.captures.remove(entry)
             self.capturing = max(0, self.capturing - 1)
 
     def replayed(self, entry: CapturedGraph, replay: Any, graph: Any, args: Any,
                  kwargs: Any) -> Any:
         """One replay: its calls counted in the current phase's rows, and timed."""
         phase = phases.phase()
-        rows = entry.rows.get(phase) or entry.rows_in(phase)
         self.replays += 1
-        for i in entry.runtime:  # run-time costs (vLLM attention) of this step
-            charge_runtime(rows[i])
-        if len(rows) == 1:
-            token = self.start(rows[0])
+        for split in entry.opens:  # split calls starting here: their pairs open first
+            row = split.row_in(phase)
+            if split.held.runtime:
+                charge_runtime(row)
+            split.token = self._start(row, entry.device)
+        if not entry.calls:
             out = replay(graph, *args, **kwargs)
-            self.stop(token)
-            return out
-        with self.lock:
-            self._read_last_replay(entry)
-            entry.pending[phase] = entry.pending.get(phase, 0) + 1
-        entry.last_phase = phase
-        return replay(graph, *args, **kwargs)
+        else:
+            rows = entry.rows.get(phase) or entry.rows_in(phase)
+            for i in entry.runtime:  # run-time costs (vLLM attention) of this step
+                charge_runtime(rows[i])
+            if len(rows) == 1:
+                token = self._start(rows[0], entry.device)
+                out = replay(graph, *args, **kwargs)
+                self.stop(token)
+            else:
+                with self.lock:
+                    self._read_last_replay(entry)
+                    entry.pending[phase] = entry.pending.get(phase, 0) + 1
+                entry.last_phase = phase
+                out = replay(graph, *args, **kwargs)
+        for split in entry.closes:  # ... and close after the last graph's replay
+            token, split.token = split.token, None
+            if token is not None:
+                self.stop(token)
+        return out
 
     def _read_last_replay(self, entry: CapturedGraph) -> None:
         """(Under the lock, before a replay of a graph holding several calls.) The previous
@@ -300,11 +451,20 @@ class CudaClock:
             return
         entry.last_phase = None
         entry.next_read -= 1
-        if entry.next_read < 0 and not self.capturing and entry.calls[-1].end.query():
+        if entry.next_read < 0 and not self.capturing and self._finished(entry):
             entry.next_read = len(entry.calls)
             self._read_held(entry, phase)
         else:
             entry.unread[phase] = entry.unread.get(phase, 0) + 1
+
+    @staticmethod
+    def _finished(entry: CapturedGraph) -> bool:
+        """Whether the graph's last replay has run (its last captured pair's end): an
+        unreadable event is taken as not (the replay's samples are then lost)."""
+        try:
+            return bool(entry.calls[-1].end.query())
+        except RuntimeError:
+            return False
 
     def _read_held(self, entry: CapturedGraph, phase: str) -> None:
         """(Under the lock, the replay finished.) Each held call's sample."""
@@ -315,8 +475,15 @@ class CudaClock:
                 row.add_lost()
 
     def _count_replays(self) -> None:
-        """(Under the lock.) Replays of graphs holding several calls, counted in their rows."""
-        for entry in list(self.graphs.values()):
+        """(Under the lock.) Replays of graphs holding several calls, counted in their rows;
+        a graph freed since is forgotten once counted (its last replay's pairs unread:
+        lost)."""
+        for entry in list(self.several):
+            if entry.graph() is None:
+                self.several.remove(entry)
+                if entry.last_phase is not None:
+                    entry.unread[entry.last_phase] = entry.unread.get(entry.last_phase, 0) + 1
+                    entry.last_phase = None
             for phase, n in list(entry.pending.items()):
                 if n:
                     entry.pending[phase] = 0
@@ -389,12 +556,12 @@ class CudaClock:
 
     def _read_last_replays(self) -> None:
         """(Under the lock, at exit.) Each graph's last replay, read if it has finished."""
-        for entry in list(self.graphs.values()):
+        for entry in list(self.several):
             phase = entry.last_phase
             if phase is None or len(entry.calls) < 2:
                 continue
             with self.cuda.device(entry.device):
-                if entry.calls[-1].end.query():
+                if self._finished(entry):
                     self._read_held(entry, phase)
                 else:
                     for row in entry.rows_in(phase):

@@ -67,7 +67,7 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "lock", "calls", "bulk", "__weakref__")
+                 "due", "lock", "calls", "bulk", "host_bound", "shared", "on_device", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -105,6 +105,13 @@ class SizeStats:
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
+        # of the samples taken by CUDA events: those paced by the host's launches (the
+        # device idle at the call's start, its time no longer than the host's launching),
+        # and those shared with another thread's call open on the device at the same time
+        # (each holds the other's kernels: vLLM's eager micro-batches). See cuda_events.
+        self.host_bound = 0
+        self.shared = 0
+        self.on_device = False  # timed by the device (CUDA events): the above are known
         # FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
         # cache read), summed over the calls that counted them
         self.runtime_flops = 0
@@ -166,11 +173,15 @@ class SizeStats:
         with self.lock:
             self.bulk += n
 
-    def add_late(self, ns: int) -> None:
+    def add_late(self, ns: int, host_bound: bool = False, shared: bool = False) -> None:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's
-        sample may be read before its count is collected)."""
+        sample may be read before its count is collected); whether the host paced it, and
+        whether another thread's call shared its time (see ``host_bound``, ``shared``)."""
         with self.lock:
             self._sample(ns)
+            self.host_bound += host_bound
+            self.shared += shared
+            self.on_device = True
 
     def _sample(self, ns: int) -> None:
         """(Under the lock.)"""
@@ -190,7 +201,8 @@ class SizeStats:
         """The counters a row only ever adds to, as they are now (``merge_from``'s mark)."""
         with self.lock:
             return (self.count, self.total_ns, self.timed, self.lost, self.runtime_flops,
-                    self.runtime_bytes, self.runtime_calls, self.captured)
+                    self.runtime_bytes, self.runtime_calls, self.captured, self.host_bound,
+                    self.shared)
 
     def merge_from(self, other: SizeStats, since: tuple[int, ...] | None = None
                    ) -> tuple[int, ...]:
@@ -206,7 +218,7 @@ class SizeStats:
             samples = [other.window[i % other.cap] for i in range(first, now[2])]
             groups = other.runtime_groups
         then = since or (0,) * len(now)
-        count, total, timed, lost, flops, nbytes, calls, captured = (
+        count, total, timed, lost, flops, nbytes, calls, captured, host_bound, shared = (
             a - b for a, b in zip(now, then))
         with self.lock:
             base = self.timed + timed - len(samples)  # the slots of the samples kept
@@ -220,6 +232,9 @@ class SizeStats:
             self.runtime_bytes += nbytes
             self.runtime_calls += calls
             self.captured += captured
+            self.host_bound += host_bound
+            self.shared += shared
+            self.on_device |= other.on_device
             if self.runtime_groups is None:
                 self.runtime_groups = groups
         return now

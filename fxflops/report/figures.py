@@ -76,7 +76,7 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     recomputed only when the row changed since they were last made (a flush of thousands
     of sizes redoes only those that ran since the last one)."""
     cost = cost or row.cost
-    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, cost,
+    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, row.shared, cost,
              peak.get("tflops"), peak.get("gbps"))
     cached = _FIGURES.get(row)
     if cached is not None and cached[0] == stamp:
@@ -112,6 +112,10 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
         **throughput(flops, matmul, bytes_io, pct["median_ms"] / 1e3, peak.get("tflops"),
                      peak.get("gbps"), recomputed_matmul),
     }
+    if row.on_device:  # timed by CUDA events: what paced the time, and whether it was shared
+        fig["time_bound"] = "host" if 2 * row.host_bound > row.samples_taken else "device"
+        fig["host_bound_calls"] = row.host_bound
+        fig["shared_calls"] = row.shared
     if row.runtime_by_kind and calls:  # whole forwards: the run-time FLOPs by kind
         fig["runtime_kinds"] = {k: v / calls for k, v in sorted(row.runtime_by_kind.items())}
     _FIGURES[row] = (stamp, fig)

@@ -38,6 +38,8 @@ _TOTALS = ("total_flops", "total_matmul_flops", "total_bytes", "total_runtime_fl
 # calls timed, and calls whose time never came: added like the calls over shards and
 # replicas (a pipeline's row counts batches through every stage: they are left out)
 _COUNTS = ("timed_calls", "lost_samples")
+# a row timed by CUDA events: its samples paced by the host, and shared (added likewise)
+_DEVICE_COUNTS = ("host_bound_calls", "shared_calls")
 _TIMES = ("median_ms", "p10_ms", "p90_ms")
 
 
@@ -101,6 +103,7 @@ def _shards(group: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]) -> dict
     m = {**group[0], "_dp": dp, "_pp": pp, "ranks": len(shards), "_devices": len(shards)}
     for f in ("calls", "total_ms", *_COUNTS):
         m[f] = sum(r.get(f) or 0 for r in group)
+    _device_counts(m, group)
     for f in _WORK:
         m[f] = sum(r.get(f) or 0 for r in shards)
     for f in _TOTALS:
@@ -113,6 +116,17 @@ def _shards(group: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]) -> dict
            "added, the slowest rank's time")
     m["merged"] = {"shards": len(shards), "stages": 1, "replicas": 1, "how": how}
     return _rates(m, peak)
+
+
+def _device_counts(m: dict[str, Any], group: list[dict[str, Any]]) -> None:
+    """The merged row's device-timing counts and verdict (``time_bound``), where its rows
+    were timed by CUDA events."""
+    if not any("time_bound" in r for r in group):
+        return
+    for f in _DEVICE_COUNTS:
+        m[f] = sum(r.get(f) or 0 for r in group)
+    m["time_bound"] = "host" if 2 * m["host_bound_calls"] > (m.get("timed_calls") or 0) \
+        else "device"
 
 
 def _replicas(group: list[dict[str, Any]], peak: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,6 +142,7 @@ def _replicas(group: list[dict[str, Any]], peak: Mapping[str, Any]) -> dict[str,
     m["calls"] = sum(r.get("calls") or 0 for r in group)
     for f in ("total_ms", *_TOTALS, *_COUNTS):
         m[f] = sum(r.get(f) or 0 for r in group)
+    _device_counts(m, group)
     for f in (*_WORK, *_TIMES):
         m[f] = mean(f)
     m["ranks"] = sum(r.get("ranks") or 1 for r in group)

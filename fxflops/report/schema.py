@@ -93,6 +93,12 @@ class RowFigures(_RowFiguresAlways, Padding, KernelFigures, total=False):
 
     # a whole forward's run-time FLOPs per call by kind
     runtime_kinds: dict[str, float]
+    # a row timed by CUDA events: "host" where most samples were paced by the host's
+    # launches (the device idle), else "device"; those samples; and the samples shared
+    # with another thread's call open on the device at once (recording/cuda_events.py)
+    time_bound: str
+    host_bound_calls: int
+    shared_calls: int
     # a backward graph's: the process's backward passes at this size
     backward_passes: int
     # a warm-up row's phase
@@ -182,6 +188,7 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
     "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),
+    "time_bound": (str,), "host_bound_calls": (int,), "shared_calls": (int,),
     "estimated_flops": _NUMBER, "backward_passes": (int,), "kernels": (list,),
     "kernels_profile": (dict,),
     "collective_bytes_total": (int,),
