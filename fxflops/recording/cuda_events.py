@@ -437,9 +437,9 @@ class CudaClock:
                 entry.last_phase = phase
                 out = replay(graph, *args, **kwargs)
         for split in entry.closes:  # ... and close after the last graph's replay
-            token, split.token = split.token, None
-            if token is not None:
-                self.stop(token)
+            opened, split.token = split.token, None
+            if opened is not None:
+                self.stop(opened)
         return out
 
     def _read_last_replay(self, entry: CapturedGraph) -> None:

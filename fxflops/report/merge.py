@@ -118,7 +118,7 @@ def _shards(group: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]) -> dict
     return _rates(m, peak)
 
 
-def _device_counts(m: dict[str, Any], group: list[dict[str, Any]]) -> None:
+def _device_counts(m: dict[str, Any], group: Sequence[Mapping[str, Any]]) -> None:
     """The merged row's device-timing counts and verdict (``time_bound``), where its rows
     were timed by CUDA events."""
     if not any("time_bound" in r for r in group):
