@@ -182,7 +182,7 @@ def test_a_reversed_import_is_caught(tmp_path):
 
 
 # the serving engines fxflops integrates with: only ``fxflops/integrations/`` may import them
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sglang")
 INTEGRATIONS = "fxflops.integrations"
 
 
@@ -340,7 +340,8 @@ def test_every_documented_public_name_imports():
     # the entry points pyproject.toml declares resolve to what they name
     text = (ROOT / "pyproject.toml").read_text()
     for target in ("fxflops.instrument.entry_points:fxflops_backend",
-                   "fxflops.integrations.vllm.plugin:register", "fxflops.cli.main:main"):
+                   "fxflops.integrations.vllm.plugin:register",
+                   "fxflops.integrations.sglang.plugin:register", "fxflops.cli.main:main"):
         assert f'"{target}"' in text, target
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr))

@@ -31,5 +31,5 @@ def test_readme_links_the_docs():
     readme = (ROOT / "README.md").read_text()
     for page in ("getting-started.md", "vllm.md", "serving.md", "training.md",
                  "conventions.md", "reference.md", "benchmarks.md", "many-devices.md",
-                 "kernels.md"):
+                 "kernels.md", "sglang.md"):
         assert f"docs/{page}" in readme and (ROOT / "docs" / page).exists()
