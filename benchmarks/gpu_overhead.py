@@ -12,6 +12,10 @@ measured; against the CPU path's cost. One run, paired rounds, ratios.
 2. Per replay of a captured CUDA graph: a graph holding one instrumented call (vLLM's
    piecewise graphs: an eager pair around the replay) and graphs holding 10 and 100 (a
    FULL graph: counted per phase, O(1) in the calls it holds), against the bare replay.
+3. Per decode step of vLLM's piecewise mode: 60 pieces, each its own graph holding one
+   instrumented call, replayed in turn (what a served step's host pays; goal: at most
+   1 us per piece), with the CUDA calls fxflops adds per piece counted (each costs the
+   host a few microseconds of CUDA's own on a device: gpu_check's ``graphs`` measures it).
 
 No device is involved: on a GPU, the CUDA calls themselves (a few us each for a record or
 query) come on top; scripts/gpu_check.py measures those on the device.
@@ -75,6 +79,9 @@ class StandInCuda:
 
     def current_device(self) -> int:
         return 0
+
+    def current_stream(self) -> Any:
+        return None
 
     def device(self, index: int) -> Any:
         import contextlib
@@ -163,6 +170,80 @@ def per_replay(cuda: StandInCuda, pairs: int) -> None:
         f"{held} call(s) held +{d / 1e3:.2f} us" for held, d in results))
 
 
+class Counting(StandInCuda):
+    """The stand-in runtime, counting the CUDA calls made through it."""
+
+    calls = 0
+
+    class Event(Event):
+        __slots__ = ()
+
+        def record(self, stream: Any = None) -> None:
+            Counting.calls += 1
+
+        def query(self) -> bool:
+            Counting.calls += 1
+            return True
+
+        def elapsed_time(self, end: Any) -> float:
+            Counting.calls += 1
+            return 1.0
+
+    class CUDAGraph:  # (a class of its own, no subclass: fxflops patches each one)
+        def capture_begin(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def capture_end(self) -> None:
+            pass
+
+        def replay(self) -> None:
+            pass
+
+
+def per_step(pairs: int, pieces: int = 60) -> None:
+    cuda = Counting()
+    clock = cuda_events.clock(cuda)
+
+    class Record:
+        runtime_kinds = ()
+
+        def __init__(self) -> None:
+            self.row = SizeStats((8,), 8)
+
+        def row_in(self, phase: str, key: Any) -> SizeStats:
+            return self.row
+
+    graphs, bare = [], [Graph() for _ in range(pieces)]
+    for _ in range(pieces):
+        graph = cuda.CUDAGraph()
+        cuda.capturing = True
+        graph.capture_begin()
+        clock.time_call(lambda: None, (), None, Record(), 8)
+        graph.capture_end()
+        cuda.capturing = False
+        graphs.append(graph)
+
+    def step(gs: list[Any]) -> None:
+        for g in gs:
+            g.replay()
+
+    step(bare), step(graphs)  # (warm)
+    b, o, d = [], [], []
+    for _ in range(pairs):
+        tb = per_call_ns(step, (bare,), 2_000)
+        to = per_call_ns(step, (graphs,), 2_000)
+        b.append(tb)
+        o.append(to)
+        d.append(to - tb)
+    Counting.calls = 0
+    step(graphs)
+    calls = Counting.calls / pieces
+    added = statistics.median(d)
+    print(f"per decode step of {pieces} pieces: bare {statistics.median(b) / 1e3:.1f} us, "
+          f"fxflops +{added / 1e3:.1f} us = +{added / pieces / 1e3:.2f} us per piece "
+          f"(goal: at most 1 us per piece); {calls:.1f} CUDA calls added per piece")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=21)
@@ -170,6 +251,7 @@ def main() -> None:
     cuda = StandInCuda()
     per_call(cuda, args.pairs)
     per_replay(cuda, args.pairs)
+    per_step(args.pairs)
 
 
 if __name__ == "__main__":

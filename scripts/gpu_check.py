@@ -478,11 +478,8 @@ def check_thread(replays: int = 20) -> Outcome:
     capturing stream, as vLLM's micro-batching does (vllm/v1/worker/gpu_ubatch_wrapper.py:
     ``torch.cuda.graph(g, stream=compute_stream)`` on the main thread, the model called
     on ubatch threads that set that stream; global capture mode): every replay counted.
-    Control: the same capture of the bare graph, whose calls nothing counts.
-
-    Expected to FAIL until fxflops registers a call made on another thread while a capture
-    is in progress with that capture (today it keeps the graph being captured per thread:
-    the call is held by no graph, and its replays are counted nowhere)."""
+    Control: the same capture of the bare graph, whose calls nothing counts. (fxflops finds
+    the capture by the call's stream: the thread holds none of its own.)"""
     import torch
 
     model, x = shared_model()

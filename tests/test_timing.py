@@ -805,3 +805,45 @@ def test_micro_batches_sharing_the_stream_say_their_time_is_shared(sim):
     assert [r.count for r in rows] == [3, 3]
     assert [row_figures(r, {})["shared_calls"] for r in rows] == [3, 3]
     assert [row_figures(r, {})["shared_calls"] for r in (alone, inner)] == [0, 0]
+
+
+def test_profiling_on_a_gpu_waits_before_and_after_in_the_allowed_region(monkeypatch):
+    """Per-kernel profiling on a GPU: the device is waited for before the profiler starts
+    (kernels still queued from earlier calls share this call's names) and after the call,
+    each sync made in ``sync_allowed`` (vLLM's ``gpu_sync_allowed`` under
+    ``VLLM_GPU_SYNC_CHECK``). A refused sync (outside it: vLLM raises) never reaches the
+    model: the call runs and returns, unprofiled."""
+    import contextlib
+
+    from fxflops.recording import kernel_profile
+
+    events: list = []
+    allowed: list = []
+
+    def synchronize(device=None):
+        events.append(("sync", bool(allowed)))
+        if not allowed:
+            raise RuntimeError("GPU<->CPU sync detected - avoid it or wrap with "
+                               "gpu_sync_allowed()")
+
+    def call():
+        events.append("call")
+        return 7
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    row = SizeStats((1,), 1)
+    assert kernel_profile.profile(call, row, [], "cuda") == (7, False)
+    assert events == [("sync", False), "call"]
+
+    @contextlib.contextmanager
+    def allow():
+        allowed.append(1)
+        try:
+            yield
+        finally:
+            allowed.pop()
+
+    monkeypatch.setattr(kernel_profile, "sync_allowed", allow)
+    events.clear()
+    out, _ = kernel_profile.profile(call, row, [], "cuda")
+    assert out == 7 and events == [("sync", True), "call", ("sync", True)]

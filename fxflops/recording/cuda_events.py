@@ -222,8 +222,9 @@ class CudaClock:
         return self._start(row, self.cuda.current_device(), bracket=True)
 
     def _start(self, row: Any, device: int, bracket: bool = False) -> _Pending:
-        """(``bracket``: a pair around other calls, a whole forward's: its time holds theirs
-        by design, and it shares no one's.)"""
+        """(``bracket``: a pair whose time shares no other thread's call: around other
+        calls (a whole forward's, which holds theirs by design), or around a graph's
+        replay, one launch.)"""
         me = threading.get_ident()
         with self.lock:
             idle = False
@@ -358,11 +359,14 @@ class CudaClock:
 
         def wrap_replay(replay: Any) -> Any:
             def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
-                clock = _CLOCKS[graph_cls]
-                entry = clock.graphs.get(graph)
+                # (the entry on the graph itself: one attribute read, where a weak-keyed
+                # lookup would make a weak reference per replay)
+                entry = getattr(graph, "_fxflops_entry", None)
+                if entry is None and not hasattr(graph, "__dict__"):
+                    entry = _CLOCKS[graph_cls].graphs.get(graph)
                 if entry is None or not entry.active:
                     return replay(graph, *args, **kwargs)
-                return clock.replayed(entry, replay, graph, args, kwargs)
+                return _CLOCKS[graph_cls].replayed(entry, replay, graph, args, kwargs)
 
             return patched_replay
 
@@ -381,6 +385,10 @@ class CudaClock:
             with self.lock:
                 self.graphs[graph] = entry
                 self.captures.append(entry)
+            try:
+                graph._fxflops_entry = entry  # (a graph class without a __dict__: none)
+            except AttributeError:
+                pass
             stack = getattr(self._capture, "graphs", None)
             if stack is None:
                 stack = self._capture.graphs = []
@@ -413,13 +421,14 @@ class CudaClock:
     def replayed(self, entry: CapturedGraph, replay: Any, graph: Any, args: Any,
                  kwargs: Any) -> Any:
         """One replay: its calls counted in the current phase's rows, and timed."""
-        phase = phases.phase()
+        stack = phases._PHASES
+        phase = stack[-1] if stack else phases.SERVING
         self.replays += 1
         for split in entry.opens:  # split calls starting here: their pairs open first
             row = split.row_in(phase)
             if split.held.runtime:
                 charge_runtime(row)
-            split.token = self._start(row, entry.device)
+            split.token = self._start(row, entry.device, bracket=True)
         if not entry.calls:
             out = replay(graph, *args, **kwargs)
         else:
@@ -427,7 +436,8 @@ class CudaClock:
             for i in entry.runtime:  # run-time costs (vLLM attention) of this step
                 charge_runtime(rows[i])
             if len(rows) == 1:
-                token = self._start(rows[0], entry.device)
+                # (a replay is one launch: no other call's kernels run inside its pair)
+                token = self._start(rows[0], entry.device, bracket=True)
                 out = replay(graph, *args, **kwargs)
                 self.stop(token)
             else:

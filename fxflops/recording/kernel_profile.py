@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fxflops import config
@@ -88,15 +88,29 @@ def profiler_quiet() -> Iterator[None]:
             os.write(2, kept)
 
 
+# what makes a deliberate device sync legal where the host polices them (vLLM's
+# ``VLLM_GPU_SYNC_CHECK``: its integration sets ``gpu_sync_allowed``); none by default
+sync_allowed: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+
+def _device_sync() -> None:
+    import torch
+
+    with sync_allowed():
+        torch.cuda.synchronize()
+
+
 def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tuple[Any, bool]:
     """Run ``call()`` (the graph's call, timed as any other) under ``torch.profiler`` and
-    note each kernel's time in ``row.kernel_profile``. On a GPU the profiled call waits for
-    its kernels (only these N calls per size). Returns what the call returned, and whether
-    profiling worked: what the call raises propagates; fxflops' own failure is warned once
-    and the call's result returned."""
+    note each kernel's time in ``row.kernel_profile``. On a GPU the device is waited for
+    before the profiler starts (kernels still queued from earlier calls, which share this
+    call's kernel names, must not be taken for its own) and after the call (only these N
+    calls per size), each sync allowed where the host polices syncs (``sync_allowed``).
+    Returns what the call returned, and whether profiling worked: what the call raises
+    propagates; fxflops' own failure (a refused sync among them) is warned once and the
+    call's result returned."""
     import time
 
-    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -106,6 +120,8 @@ def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tupl
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
     try:
+        if device == "cuda":
+            _device_sync()  # earlier calls' kernels done: none in this profile
         prof = torch_profile(activities=activities)
         with profiler_quiet():
             prof.__enter__()
@@ -113,11 +129,17 @@ def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tupl
         warn_once(f"kernel-profile:{type(e).__name__}", "fxflops: kernels not profiled "
                   "(%s: %s)", type(e).__name__, e)
         return call(), False
+    synced = True
     try:
         t0 = time.perf_counter_ns()
         out = call()
         if device == "cuda":
-            torch.cuda.synchronize()
+            try:
+                _device_sync()
+            except Exception as e:  # (a refused sync: the call ran; its profile is not whole)
+                synced = False
+                warn_once(f"kernel-profile-sync:{type(e).__name__}", "fxflops: kernels not "
+                          "profiled (the device sync was refused: %s: %s)", type(e).__name__, e)
         ns = time.perf_counter_ns() - t0
     finally:
         try:
@@ -125,6 +147,8 @@ def profile(call: Any, row: Any, kernels: list[KernelCost], device: str) -> tupl
                 prof.__exit__(None, None, None)
         except Exception:
             pass
+    if not synced:
+        return out, False
     try:
         found = match_events(list(prof.events()), kernels, device)
         note(row, ns, found, len([k for k in kernels if k.name != NONE]))

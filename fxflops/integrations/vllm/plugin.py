@@ -88,6 +88,7 @@ def install() -> None:
     # capture), whatever the mode: attached to the worker's classes once a worker is made
     hooks.install_warmup_phases_per_worker()
     if config.KERNELS.get() is not None:
+        _allow_profiling_syncs()
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
         from fxflops import torch_compat
         from fxflops.instrument.provenance import inductor_patches
@@ -97,6 +98,19 @@ def install() -> None:
         for key, value in inductor_patches().items():
             section, name = key.split(".")
             setattr(getattr(inductor_config, section), name, value)
+
+
+def _allow_profiling_syncs() -> None:
+    """``FXFLOPS_KERNELS``' profiled calls wait for the device (N per size): under vLLM's
+    ``VLLM_GPU_SYNC_CHECK=error`` a sync raises unless allowed, so they are made in vLLM's
+    own allow region (``gpu_sync_allowed``; a vLLM without it polices nothing)."""
+    try:
+        from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+    except Exception:
+        return
+    from fxflops.recording import kernel_profile
+
+    kernel_profile.sync_allowed = gpu_sync_allowed
 
 
 def register_formulas() -> None:
