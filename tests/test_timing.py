@@ -730,7 +730,7 @@ def test_an_unreadable_pair_loses_its_sample_not_the_call(sim, monkeypatch):
     sim.drain()
     clock.collect()
     assert (row.count, row.samples_taken, row.lost) == (3, 2, 1)
-    assert all(bad is not end for _, end in clock.pools.get(0, []))
+    assert all(bad is not t.end for t in clock.pools.get(0, []))
 
 
 def test_a_starved_devices_rows_say_the_host_paced_them(sim):

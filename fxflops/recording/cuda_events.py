@@ -84,18 +84,18 @@ def _torch_cuda() -> Any:
 
 
 class _Pending:
-    """An eager pair in flight: read when its end event has completed. (``start`` None: a
-    ``start`` made under capture, which times and counts nothing.)"""
+    """An eager pair in flight: read when its end event has been recorded (``armed``) and
+    has completed; pooled per device with its events, reused once read. (``start`` None:
+    a ``start`` made under capture, which times and counts nothing.)"""
 
     __slots__ = ("start", "end", "row", "device", "thread", "t0", "host_ns", "idle",
-                 "shared")
+                 "shared", "armed", "failed")
 
-    def __init__(self, start: Any, end: Any, row: Any, device: int, thread: int = 0,
-                 idle: bool = False) -> None:
+    def __init__(self, start: Any, end: Any, row: Any, device: int) -> None:
         self.start, self.end, self.row, self.device = start, end, row, device
-        self.thread, self.idle = thread, idle
-        self.t0 = self.host_ns = 0
-        self.shared = False
+        self.thread = self.t0 = self.host_ns = 0
+        self.idle = self.shared = self.failed = False
+        self.armed = True
 
 
 class _Split:
@@ -186,7 +186,7 @@ class CudaClock:
         self.lock = threading.Lock()
         self.pending: deque[_Pending] = deque()
         self.open: list[_Pending] = []  # pairs started and not stopped yet
-        self.pools: dict[int, list[tuple[Any, Any]]] = {}
+        self.pools: dict[int, list[_Pending]] = {}  # read pairs, for reuse, per device
         self.dropped = 0  # samples given up past max_in_flight
         self.capturing = 0  # captures in progress, in any thread
         self.captures: list[CapturedGraph] = []  # ... and their graphs
@@ -231,15 +231,14 @@ class CudaClock:
             if not self.capturing:  # no query while anything captures
                 self._read_finished()
                 idle = not self.pending  # every earlier pair has run: the device waits
-            pool = self.pools.get(device)
-            start, end = pool.pop() if pool else self._new_pair()
-            token = _Pending(start, end, row, device, me, idle)
+            token = self._take(device)
+            token.row, token.thread, token.idle, token.shared = row, me, idle, False
             if not bracket:
                 for other in self.open:  # another thread's call open on this device
                     if other.device == device and other.thread != me:
                         other.shared = token.shared = True
                 self.open.append(token)
-        start.record()
+        token.start.record()
         token.t0 = self.now()
         return token
 
@@ -258,8 +257,47 @@ class CudaClock:
                 self.dropped += 1
             self.pending.append(token)
 
-    def _new_pair(self) -> tuple[Any, Any]:
-        return (self.cuda.Event(enable_timing=True), self.cuda.Event(enable_timing=True))
+    def _take(self, device: int) -> _Pending:
+        """(Under the lock.) A pair from ``device``'s pool, or a new one."""
+        pool = self.pools.get(device)
+        if pool:
+            return pool.pop()
+        return _Pending(self.cuda.Event(enable_timing=True),
+                        self.cuda.Event(enable_timing=True), None, device)
+
+    def time_replay(self, row: Any, device: int, replay: Any, graph: Any, args: Any,
+                    kwargs: Any) -> Any:
+        """A replay of a graph holding one call (vLLM's piecewise graphs) in a pooled
+        pair, with one trip through the lock: the call counted and its pair queued before
+        the replay, *armed* (readable) once its end is recorded after it. (The serving
+        loop's hottest path: written flat, see benchmarks/gpu_overhead.py.)"""
+        with self.lock:
+            pending = self.pending
+            idle = False
+            if not self.capturing:
+                if pending:
+                    self._read_finished()
+                idle = not pending
+            pool = self.pools.get(device)
+            token = pool.pop() if pool else self._take(device)
+            token.row, token.idle, token.shared, token.armed = row, idle, False, False
+            next(row.calls)  # counted as it is made
+            if len(pending) >= self.max_in_flight:
+                pending.popleft().row.add_lost()
+                self.dropped += 1
+            pending.append(token)
+        token.start.record()
+        t0 = self.now()
+        try:
+            out = replay(graph, *args, **kwargs)
+        except BaseException:
+            token.failed = True  # (read as lost: its end is never recorded)
+            token.armed = True
+            raise
+        token.host_ns = self.now() - t0
+        token.end.record()
+        token.armed = True
+        return out
 
     def _read_finished(self, limit: int | None = None) -> int:
         """(Under the lock, no capture in progress.) Credit the finished pairs, oldest first.
@@ -268,6 +306,15 @@ class CudaClock:
         pending = self.pending
         while pending and (limit is None or done < limit):
             token = pending[0]
+            if not token.armed:  # (a replay's pair, its end not recorded yet)
+                break
+            if token.failed:
+                pending.popleft()
+                token.row.add_lost()
+                token.failed = False
+                self.pools.setdefault(token.device, []).append(token)
+                done += 1
+                continue
             try:
                 if not token.end.query():
                     break
@@ -282,7 +329,7 @@ class CudaClock:
             pending.popleft()
             token.row.add_late(ns, token.idle and ns <= HOST_BOUND * token.host_ns,
                                token.shared)
-            self.pools.setdefault(token.device, []).append((token.start, token.end))
+            self.pools.setdefault(token.device, []).append(token)
             done += 1
         return done
 
@@ -436,10 +483,7 @@ class CudaClock:
             for i in entry.runtime:  # run-time costs (vLLM attention) of this step
                 charge_runtime(rows[i])
             if len(rows) == 1:
-                # (a replay is one launch: no other call's kernels run inside its pair)
-                token = self._start(rows[0], entry.device, bracket=True)
-                out = replay(graph, *args, **kwargs)
-                self.stop(token)
+                out = self.time_replay(rows[0], entry.device, replay, graph, args, kwargs)
             else:
                 with self.lock:
                     self._read_last_replay(entry)
