@@ -17,6 +17,12 @@ measured; against the CPU path's cost. One run, paired rounds, ratios.
    1 us per piece), with the CUDA calls fxflops adds per piece counted (each costs the
    host a few microseconds of CUDA's own on a device: gpu_check's ``graphs`` measures it).
 
+``--instructions``: the third figure in instructions instead of time (this script under
+``valgrind --tool=callgrind``, a dump before each ``os.getloadavg()`` separating the
+loops): instructions per replay of a one-call graph, bare and instrumented, each loop run
+twice and the lower kept. Wall time of a few microseconds drifts with the machine; the
+instructions do not.
+
 No device is involved: on a GPU, the CUDA calls themselves (a few us each for a record or
 query) come on top; scripts/gpu_check.py measures those on the device.
 """
@@ -244,10 +250,89 @@ def per_step(pairs: int, pieces: int = 60) -> None:
           f"(goal: at most 1 us per piece); {calls:.1f} CUDA calls added per piece")
 
 
+def measure_replays(replays: int) -> None:
+    """(Under callgrind.) Loops of ``replays`` replays, bare and instrumented, in turn,
+    each preceded by ``os.getloadavg()`` (the dump that separates them)."""
+    import gc
+    import os
+
+    cuda = Counting()
+    clock = cuda_events.clock(cuda)
+
+    class Record:
+        runtime_kinds = ()
+
+        def __init__(self) -> None:
+            self.row = SizeStats((8,), 8)
+
+        def row_in(self, phase: str, key: Any) -> SizeStats:
+            return self.row
+
+    ours, bare = cuda.CUDAGraph(), cuda.CUDAGraph()
+    cuda.capturing = True
+    ours.capture_begin()
+    clock.time_call(lambda: None, (), None, Record(), 8)
+    ours.capture_end()
+    cuda.capturing = False
+    for g in (bare, ours):
+        for _ in range(50):
+            g.replay()
+    gc.freeze()
+    for _ in range(2):
+        for g in (bare, ours):
+            os.getloadavg()
+            for _ in range(replays):
+                g.replay()
+    os.getloadavg()
+
+
+def instructions(replays: int) -> int:
+    import glob
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("gpu_overhead: valgrind is not installed", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        subprocess.run([valgrind, "--tool=callgrind", "--dump-before=os_getloadavg",
+                        "--dump-instr=no", f"--callgrind-out-file={out}",
+                        os.path.realpath(sys.executable), os.path.abspath(__file__),
+                        "--measure-replays", str(replays)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=1800, env={**os.environ, "PYTHONHASHSEED": "0"})
+        parts = sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+        counts = []
+        for f in parts:
+            for line in open(f):
+                if line.startswith("summary:") or line.startswith("totals:"):
+                    counts.append(int(line.split()[1]))
+                    break
+    loops = counts[1:5]  # (the first part: the import and the set-up)
+    bare = min(loops[0], loops[2]) / replays
+    ours = min(loops[1], loops[3]) / replays
+    print(f"instructions per replay of a one-call graph (callgrind, {replays:,} each): "
+          f"bare {bare:,.0f}, fxflops {ours:,.0f}, added {ours - bare:,.0f}")
+    return 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=21)
+    p.add_argument("--instructions", action="store_true",
+                   help="instructions per replay (callgrind) instead of time")
+    p.add_argument("--measure-replays", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.measure_replays:
+        measure_replays(args.measure_replays)
+        return
+    if args.instructions:
+        raise SystemExit(instructions(2000))
     cuda = StandInCuda()
     per_call(cuda, args.pairs)
     per_replay(cuda, args.pairs)
