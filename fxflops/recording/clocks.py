@@ -37,7 +37,11 @@ class Clock(Protocol):
         (a CUDA graph's replays)."""
         ...
 
-    def start(self, row: SizeStats) -> Token: ...
+    def start(self, row: SizeStats) -> Token | None:
+        """A call of ``row`` begins; None where there is nothing to time or count (a CUDA
+        stream capturing: a capture runs nothing), which callers treat as a call that
+        counts nothing."""
+        ...
 
     def stop(self, token: Any) -> None:
         """(``token``: what this clock's ``start`` gave.)"""

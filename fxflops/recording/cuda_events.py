@@ -85,8 +85,7 @@ def _torch_cuda() -> Any:
 
 class _Pending:
     """An eager pair in flight: read when its end event has been recorded (``armed``) and
-    has completed; pooled per device with its events, reused once read. (``start`` None:
-    a ``start`` made under capture, which times and counts nothing.)"""
+    has completed; pooled per device with its events, reused once read."""
 
     __slots__ = ("start", "end", "row", "device", "thread", "t0", "host_ns", "idle",
                  "shared", "armed", "failed")
@@ -213,12 +212,12 @@ class CudaClock:
         self.stop(token)
         return out
 
-    def start(self, row: Any) -> _Pending:
+    def start(self, row: Any) -> _Pending | None:
         """Record a start event for a call of ``row``; ``stop`` the token after the call.
-        Under stream capture nothing is recorded (a capture runs nothing: no call to count;
-        its replays are timed where they are made)."""
+        Under stream capture nothing is recorded and None is returned (a capture runs
+        nothing: no call to count; its replays are timed where they are made)."""
         if self.cuda.is_current_stream_capturing():
-            return _Pending(None, None, row, -1)
+            return None
         return self._start(row, self.cuda.current_device(), bracket=True)
 
     def _start(self, row: Any, device: int, bracket: bool = False) -> _Pending:
@@ -244,8 +243,6 @@ class CudaClock:
 
     def stop(self, token: _Pending) -> None:
         """Record the end event: the call is counted now, timed when the pair is read."""
-        if token.start is None:  # started under capture
-            return
         token.host_ns = self.now() - token.t0
         token.end.record()
         with self.lock:
@@ -654,7 +651,7 @@ class CudaEventClock:
         return self.clock.time_call(fn, args, row, record, key)
 
     def start(self, row: Any) -> Any:
-        return self.clock.start(row)
+        return self.clock.start(row)  # (None under capture: see CudaClock.start)
 
     def stop(self, token: Any) -> None:
         self.clock.stop(token)
