@@ -846,3 +846,84 @@ def test_profiling_on_a_gpu_waits_before_and_after_in_the_allowed_region(monkeyp
     events.clear()
     out, _ = kernel_profile.profile(call, row, [], "cuda")
     assert out == 7 and events == [("sync", True), "call", ("sync", True)]
+
+
+def test_a_full_graphs_unread_replays_are_lost_not_dropped(sim):
+    """A graph holding two calls, its replays counted at one collection, then freed (or
+    its last replay's phase over) before its pairs were read: those replays are counted
+    lost at the next collection, so timed + lost = calls still."""
+    import gc
+
+    clock = cuda_events.clock(sim)
+    records = [Record(), Record()]
+    g = captured_pieces(sim, clock, records, size=4)
+    with phases.warmup("warmup"):
+        for _ in range(2):
+            g.replay()
+    for _ in range(3):  # the warm-up's last replay is now unread, in another phase
+        g.replay()
+    clock.collect()
+    del g
+    gc.collect()
+    clock.collect()
+    for record in records:
+        for phase, n in (("warmup", 2), (phases.SERVING, 3)):
+            row = record.rows[(phase, 4)]
+            assert row.count == n and row.samples_taken + row.lost == n, (phase, row.lost)
+    assert clock.several == []
+
+
+def test_a_call_that_raises_leaves_no_pair_open(sim):
+    """An eager call that raises is not counted (as on the CPU clock), and leaves nothing
+    open that would mark another thread's calls as shared."""
+    clock = cuda_events.clock(sim)
+    row = SizeStats((1,), 1)
+
+    def boom():
+        raise ValueError("the model's own error")
+
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            clock.time_call(boom, (), row)
+    assert clock.open == [] and row.count == 0
+    other = SizeStats((1,), 1)
+    t = threading.Thread(target=clock.time_call, args=(lambda: sim.launch(1.0), (), other))
+    t.start()
+    t.join()
+    sim.drain()
+    clock.collect()
+    assert (other.count, other.samples_taken, other.shared) == (1, 1, 0)
+
+
+def test_a_replay_whose_end_is_never_recorded_blocks_no_later_pair(sim, monkeypatch):
+    """A piecewise replay interrupted after its pair was queued (here its end's record
+    raises, as a signal's exception would): the pair is read as lost, the later ones are
+    read on."""
+    clock = cuda_events.clock(sim)
+    record = Record()
+    g = captured_pieces(sim, clock, [record], size=2)
+    g.replay()
+    real_take = clock._take
+
+    def take(device):  # the next pair's end refuses its record, once
+        token = real_take(device)
+        real = token.end.record
+
+        def interrupted(*args):
+            token.end.record = real
+            raise KeyboardInterrupt
+
+        token.end.record = interrupted
+        return token
+
+    monkeypatch.setattr(clock, "_take", take)
+    with pytest.raises(KeyboardInterrupt):
+        g.replay()
+    monkeypatch.setattr(clock, "_take", real_take)
+    for _ in range(3):
+        g.replay()
+    sim.drain()
+    clock.collect()
+    row = record.rows[(phases.SERVING, 2)]
+    assert row.count == 5 and row.samples_taken + row.lost == 5 and row.lost == 1
+    assert len(clock.pending) == 0

@@ -70,6 +70,7 @@ from typing import Any
 
 from fxflops.recording import phases
 from fxflops.recording.runtime_costs import charge_runtime
+from fxflops.recording.size_stats import CallCounter, taken
 from fxflops.util import warn_once
 
 # a call whose device time is at most this times the host's between its two records, and
@@ -88,13 +89,14 @@ class _Pending:
     has completed; pooled per device with its events, reused once read."""
 
     __slots__ = ("start", "end", "row", "device", "thread", "t0", "host_ns", "idle",
-                 "shared", "armed", "failed")
+                 "shared", "armed", "failed", "seq")
 
     def __init__(self, start: Any, end: Any, row: Any, device: int) -> None:
         self.start, self.end, self.row, self.device = start, end, row, device
         self.thread = self.t0 = self.host_ns = 0
         self.idle = self.shared = self.failed = False
         self.armed = True
+        self.seq = 0  # its place in the queue (a pooled pair is queued again: not identity)
 
 
 class _Split:
@@ -187,10 +189,12 @@ class CudaClock:
         self.open: list[_Pending] = []  # pairs started and not stopped yet
         self.pools: dict[int, list[_Pending]] = {}  # read pairs, for reuse, per device
         self.dropped = 0  # samples given up past max_in_flight
+        self.queued = 0  # pairs queued so far (each pair's ``seq``)
         self.capturing = 0  # captures in progress, in any thread
         self.captures: list[CapturedGraph] = []  # ... and their graphs
         self.unowned: list[tuple[Any, Any]] = []  # captured pairs no capture could be found for
-        self.replays = 0  # replays of graphs holding instrumented calls (host side)
+        # replays of graphs holding instrumented calls (host side): ``replays``
+        self._replays = CallCounter()
         self.graphs: weakref.WeakKeyDictionary[Any, CapturedGraph] = weakref.WeakKeyDictionary()
         # graphs holding several calls, whose replays are counted at a collection: kept
         # until then even if the graph is freed first (vLLM releases graphs and captures
@@ -198,6 +202,10 @@ class CudaClock:
         self.several: list[CapturedGraph] = []
         self._capture = threading.local()  # .graphs: the graphs this thread captures, innermost last
         self._patch()
+
+    @property
+    def replays(self) -> int:
+        return taken(self._replays)
 
     # --- eager calls --------------------------------------------------------------------
 
@@ -208,9 +216,19 @@ class CudaClock:
         if self.cuda.is_current_stream_capturing():
             return self._captured_call(fn, args, record, key)
         token = self._start(row, self.cuda.current_device())
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except BaseException:  # (not counted, as on the CPU clock; its pair back in the pool)
+            self._abandon(token)
+            raise
         self.stop(token)
         return out
+
+    def _abandon(self, token: _Pending) -> None:
+        with self.lock:
+            if token in self.open:
+                self.open.remove(token)
+            self.pools.setdefault(token.device, []).append(token)
 
     def start(self, row: Any) -> _Pending | None:
         """Record a start event for a call of ``row``; ``stop`` the token after the call.
@@ -252,6 +270,8 @@ class CudaClock:
             if len(self.pending) >= self.max_in_flight:
                 self.pending.popleft().row.add_lost()
                 self.dropped += 1
+            self.queued += 1
+            token.seq = self.queued
             self.pending.append(token)
 
     def _take(self, device: int) -> _Pending:
@@ -282,18 +302,20 @@ class CudaClock:
             if len(pending) >= self.max_in_flight:
                 pending.popleft().row.add_lost()
                 self.dropped += 1
+            self.queued += 1
+            token.seq = self.queued
             pending.append(token)
-        token.start.record()
-        t0 = self.now()
+        ended = False
         try:
+            token.start.record()
+            t0 = self.now()
             out = replay(graph, *args, **kwargs)
-        except BaseException:
-            token.failed = True  # (read as lost: its end is never recorded)
+            token.host_ns = self.now() - t0
+            token.end.record()
+            ended = True
+        finally:  # (whatever raised, a signal's too: read as lost, never blocking the queue)
+            token.failed = not ended
             token.armed = True
-            raise
-        token.host_ns = self.now() - t0
-        token.end.record()
-        token.armed = True
         return out
 
     def _read_finished(self, limit: int | None = None) -> int:
@@ -340,7 +362,12 @@ class CudaClock:
         end = self.cuda.Event(enable_timing=True, external=True)
         first = self._capture_of_call()
         start.record()
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except BaseException:  # (the capture may go on: its nodes must not outlive them)
+            with self.lock:
+                self.unowned.append((start, end))
+            raise
         end.record()
         last = self._capture_of_call()
         with self.lock:
@@ -355,8 +382,13 @@ class CudaClock:
                 if first is not last:
                     first.keep.append((start, end))
             elif first is last:
-                last.calls.append(_Held(record, key, start, end))
+                held = _Held(record, key, start, end)
+                last.calls.append(held)
                 last.active = True
+                if held.runtime:
+                    last.runtime.append(len(last.calls) - 1)
+                if len(last.calls) == 2:  # (counted at collections from now on)
+                    self.several.append(last)
             else:  # a call split across captures: timed from its first graph to its last
                 # (the first's capture has ended by now: it is made active here, not there)
                 split = _Split(_Held(record, key, start, end))
@@ -366,18 +398,21 @@ class CudaClock:
         return out
 
     def _capture_of_call(self) -> CapturedGraph | None:
-        """The capture a call made now belongs to (see the module's text)."""
-        stack = getattr(self._capture, "graphs", None)
-        if stack:
-            return stack[-1]
+        """The capture a call made now belongs to (see the module's text): of the captures
+        in progress, the one on the call's stream, this thread's first (innermost first);
+        else this thread's innermost (a stream joined to it); else the only one on the
+        call's device."""
         with self.lock:
             captures = list(self.captures)
         if not captures:
             return None
+        stack = getattr(self._capture, "graphs", None) or []
         stream = self.cuda.current_stream()
-        for entry in captures:
+        for entry in [*reversed(stack), *captures]:
             if entry.stream == stream:
                 return entry
+        if stack:
+            return stack[-1]
         device = self.cuda.current_device()
         on_device = [entry for entry in captures if entry.device == device]
         return on_device[0] if len(on_device) == 1 else None
@@ -453,9 +488,6 @@ class CudaClock:
         entry = self.graphs.get(graph)
         with self.lock:
             if entry is not None:
-                entry.runtime = [i for i, held in enumerate(entry.calls) if held.runtime]
-                if len(entry.calls) > 1 and entry not in self.several:
-                    self.several.append(entry)
                 if entry in stack:
                     stack.remove(entry)
                 if entry in self.captures:
@@ -467,7 +499,7 @@ class CudaClock:
         """One replay: its calls counted in the current phase's rows, and timed."""
         stack = phases._PHASES
         phase = stack[-1] if stack else phases.SERVING
-        self.replays += 1
+        next(self._replays)  # (one C call: exact when threads replay at once)
         for split in entry.opens:  # split calls starting here: their pairs open first
             row = split.row_in(phase)
             if split.held.runtime:
@@ -535,15 +567,15 @@ class CudaClock:
                 if entry.last_phase is not None:
                     entry.unread[entry.last_phase] = entry.unread.get(entry.last_phase, 0) + 1
                     entry.last_phase = None
-            for phase, n in list(entry.pending.items()):
-                if n:
-                    entry.pending[phase] = 0
-                    lost = entry.unread.get(phase, 0)
-                    entry.unread[phase] = 0
+            for phase in list({**entry.pending, **entry.unread}):
+                n, lost = entry.pending.pop(phase, 0), entry.unread.pop(phase, 0)
+                if n or lost:  # (a replay's samples lost may come after its count)
                     for row in entry.rows_in(phase):
-                        row.add_calls(n)
-                        with row.lock:
-                            row.lost += lost
+                        if n:
+                            row.add_calls(n)
+                        if lost:
+                            with row.lock:
+                                row.lost += lost
 
     # --- collection (the report's flush, exit, a signal) --------------------------------
 
@@ -557,7 +589,7 @@ class CudaClock:
         handler's: its own thread may hold it)."""
         out = Collected()
         deadline = time.monotonic() + wait_s
-        target: _Pending | None = None
+        target: int | None = None  # the last pair queued when the collection began
         delay = 0.0005
         while True:
             if not self.lock.acquire(timeout=lock_timeout):
@@ -570,12 +602,13 @@ class CudaClock:
                     return out
                 self._count_replays()
                 if target is None and self.pending:
-                    target = self.pending[-1]
+                    target = self.pending[-1].seq
                 out.samples += self._read_on_devices()
                 if final:
                     self._read_last_replays()
                 out.in_flight = len(self.pending)
-                waiting = target is not None and any(p is target for p in self.pending)
+                waiting = (target is not None and bool(self.pending)
+                           and self.pending[0].seq <= target)
             finally:
                 self.lock.release()
             if not waiting or time.monotonic() >= deadline:

@@ -346,8 +346,9 @@ def _timed_forward(original: Any) -> Any:
                 end_step()
             out = original(*args, **kwargs)
             if token is not None:
+                row = token.row  # (before stop: a read pair goes back to the pool, reused)
                 clock_of(named["self"]).stop(token)
-                forward_done(token.row)
+                forward_done(row)
             return out
         finally:
             end_step()
@@ -391,8 +392,9 @@ def _v2_execute_model(original: Any) -> Any:
             out = original(*args, **kwargs)
             token = step.get("token") if step else None
             if token is not None:
+                row = token.row  # (before stop: a read pair goes back to the pool, reused)
                 clock_of(step["runner"]).stop(token)  # type: ignore[index]
-                forward_done(token.row)
+                forward_done(row)
             return out
         finally:
             _state.v2_step = None
