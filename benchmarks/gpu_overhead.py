@@ -95,6 +95,30 @@ class StandInCuda:
         return contextlib.nullcontext()
 
 
+class Record:
+    """The part of a graph record a captured call needs: its one row."""
+
+    runtime_kinds = ()
+
+    def __init__(self) -> None:
+        self.row = SizeStats((8,), 8)
+
+    def row_in(self, phase: str, key: Any) -> SizeStats:
+        return self.row
+
+
+def captured(cuda: Any, clock: Any, held: int = 1) -> Any:
+    """A graph of ``cuda``'s class holding ``held`` instrumented calls."""
+    graph = cuda.CUDAGraph()
+    cuda.capturing = True
+    graph.capture_begin()
+    for _ in range(held):
+        clock.time_call(lambda: None, (), None, Record(), 8)
+    graph.capture_end()
+    cuda.capturing = False
+    return graph
+
+
 def per_call_ns(fn: Any, args: tuple[Any, ...], n: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(n):
@@ -148,27 +172,12 @@ def per_call(cuda: StandInCuda, pairs: int) -> None:
 def per_replay(cuda: StandInCuda, pairs: int) -> None:
     clock = cuda_events.clock(cuda)
 
-    class Record:
-        runtime_kinds = ()
-
-        def __init__(self) -> None:
-            self.row = SizeStats((8,), 8)
-
-        def row_in(self, phase: str, key: Any) -> SizeStats:
-            return self.row
-
     def bare_replay() -> None:  # what an unpatched replay costs the host here: a call
         pass
 
     results = []
     for held in (1, 10, 100):
-        graph = Graph()
-        cuda.capturing = True
-        graph.capture_begin()
-        for _ in range(held):
-            clock.time_call(lambda: None, (), None, Record(), 8)
-        graph.capture_end()
-        cuda.capturing = False
+        graph = captured(cuda, clock, held)
         _, _, d = paired(bare_replay, graph.replay, (), 20_000, pairs)
         clock.collect()  # (counts the replays: what a flush does, off the hot path)
         results.append((held, d))
@@ -210,24 +219,7 @@ def per_step(pairs: int, pieces: int = 60) -> None:
     cuda = Counting()
     clock = cuda_events.clock(cuda)
 
-    class Record:
-        runtime_kinds = ()
-
-        def __init__(self) -> None:
-            self.row = SizeStats((8,), 8)
-
-        def row_in(self, phase: str, key: Any) -> SizeStats:
-            return self.row
-
-    graphs, bare = [], [Graph() for _ in range(pieces)]
-    for _ in range(pieces):
-        graph = cuda.CUDAGraph()
-        cuda.capturing = True
-        graph.capture_begin()
-        clock.time_call(lambda: None, (), None, Record(), 8)
-        graph.capture_end()
-        cuda.capturing = False
-        graphs.append(graph)
+    graphs, bare = [captured(cuda, clock) for _ in range(pieces)], [Graph() for _ in range(pieces)]
 
     def step(gs: list[Any]) -> None:
         for g in gs:
@@ -259,21 +251,7 @@ def measure_replays(replays: int) -> None:
     cuda = Counting()
     clock = cuda_events.clock(cuda)
 
-    class Record:
-        runtime_kinds = ()
-
-        def __init__(self) -> None:
-            self.row = SizeStats((8,), 8)
-
-        def row_in(self, phase: str, key: Any) -> SizeStats:
-            return self.row
-
-    ours, bare = cuda.CUDAGraph(), cuda.CUDAGraph()
-    cuda.capturing = True
-    ours.capture_begin()
-    clock.time_call(lambda: None, (), None, Record(), 8)
-    ours.capture_end()
-    cuda.capturing = False
+    ours, bare = captured(cuda, clock), cuda.CUDAGraph()
     for g in (bare, ours):
         for _ in range(50):
             g.replay()

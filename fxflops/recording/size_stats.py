@@ -177,11 +177,8 @@ class SizeStats:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's
         sample may be read before its count is collected); whether the host paced it, and
         whether another thread's call shared its time (see ``host_bound``, ``shared``)."""
-        with self.lock:  # (``_sample``, inline: once per CUDA sample read)
-            n = self.timed
-            self.window[n % self.cap] = ns
-            self.total_ns += ns
-            self.timed = n + 1
+        with self.lock:
+            self._sample(ns)
             self.host_bound += host_bound
             self.shared += shared
             self.on_device = True
