@@ -590,7 +590,10 @@ class Server:
         self.worker = object.__new__(worker_cls)
         self.worker.model_runner = r
         # fxflops' hooks, as its vLLM plugin installs them in a worker
-        forward.install_forward_timing()
+        if runner == "v1":
+            forward.install_forward_timing_v1()
+        else:
+            forward.install_forward_timing_v2()
         forward.install_attention_coster()
         hooks.install_warmup_phases()
 

@@ -233,7 +233,7 @@ def test_a_drafter_pass_is_a_forward_of_its_own_at_its_own_lengths():
     proposer.device = torch.device("cpu")
     forward.install_attention_coster()
     try:
-        drafter.install_drafter_hooks()
+        drafter.install_v1()
         drafter._hook_proposer({"self": proposer}, None)
         own = gemma4.Gemma4Proposer.__dict__["build_per_group_and_layer_attn_metadata"]
         assert "drafter" in own._fxflops_tags
@@ -291,7 +291,7 @@ def test_a_v2_speculators_passes_are_draft_forwards_at_their_own_lengths(monkeyp
     monkeypatch.setattr(speculator_module, "build_attn_metadata", build_attn_metadata)
     forward.install_attention_coster()
     try:
-        drafter.install_drafter_hooks()
+        drafter.install_v2()
         assert "drafter" in DraftModelSpeculator.__init__._fxflops_tags
         spec = v2_speculator.stand_in(cfg, torch.nn.ModuleList([layers[2]]))
         drafter._hook_speculator({"self": spec}, None)  # (what the __init__ hook calls)
@@ -372,7 +372,7 @@ def test_v2_acceptance_is_read_where_vllm_hands_its_output_over(monkeypatch):
 
     monkeypatch.setattr(v2, "GPUModelRunner", Runner)
     try:
-        engine_stats.install_engine_stats()
+        engine_stats.install_v2()
         assert "spec-decode" in AsyncOutput.get_output._fxflops_tags
         runner = Runner()
         scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6]},

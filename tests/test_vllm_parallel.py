@@ -245,7 +245,7 @@ def test_fxflops_settings_reach_ray_workers(monkeypatch):
     from vllm.ray import ray_env
     from vllm.ray.ray_env import get_env_vars_to_copy
 
-    from fxflops.integrations.vllm import plugin
+    from fxflops.integrations.vllm import hooks
 
     monkeypatch.setattr(ray_env, "DEFAULT_ENV_VAR_PREFIXES",
                         set(ray_env.DEFAULT_ENV_VAR_PREFIXES))
@@ -254,8 +254,8 @@ def test_fxflops_settings_reach_ray_workers(monkeypatch):
     monkeypatch.setenv("MYORG_SETTING", "x")
     monkeypatch.setenv("VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY", "MYORG_")
     assert "FXFLOPS_OUT" not in get_env_vars_to_copy()  # vLLM's default: not copied
-    plugin._settings_reach_ray_workers()
-    plugin._settings_reach_ray_workers()  # idempotent
+    hooks.settings_reach_ray_workers()
+    hooks.settings_reach_ray_workers()  # idempotent
     copied = get_env_vars_to_copy()
     assert {"FXFLOPS", "FXFLOPS_OUT", "MYORG_SETTING"} <= copied
     assert os.environ["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MYORG_"

@@ -1,9 +1,10 @@
 """Every vLLM symbol fxflops patches or reads exists in the installed vLLM, with the
-parameters fxflops binds by name (fxflops/integrations/vllm/symbols.py)."""
+parameters fxflops binds by name (fxflops/integrations/vllm/symbols.py), unless the
+feature it serves is absent from this release by the table (``symbols.FEATURES``), and
+then it is absent indeed: the table cannot go stale either way."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import pytest
@@ -11,24 +12,49 @@ import pytest
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from fxflops.integrations.vllm.symbols import SYMBOLS  # noqa: E402
+from fxflops.integrations.vllm.symbols import (  # noqa: E402
+    COMPILE,
+    FEATURES,
+    SYMBOLS,
+    Symbol,
+    resolve,
+)
+
+RELEASE = ".".join(vllm.__version__.split(".")[:2])
 
 
 @pytest.mark.parametrize("symbol", SYMBOLS, ids=[f"{s.module}.{s.name}" for s in SYMBOLS])
-def test_symbol_exists_with_its_parameters(symbol):
+def test_symbol_exists_with_its_parameters_unless_its_feature_is_absent_here(symbol):
+    absent = FEATURES[symbol.feature].absent.get(RELEASE)
     try:
-        obj = importlib.import_module(symbol.module)
-        for part in symbol.name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        if symbol.optional:
-            pytest.skip(f"absent from this vLLM, which fxflops handles: {e}")
-        raise AssertionError(f"{symbol.module}.{symbol.name} ({symbol.why}): {e}") from None
-    if symbol.params:
-        # a wrapped function (fxflops' own patch, if installed) shows the original's
-        params = inspect.signature(inspect.unwrap(obj)).parameters
-        missing = [p for p in symbol.params if p not in params]
-        assert not missing, f"{symbol.name} ({symbol.why}) lost {missing}: {list(params)}"
+        resolve(symbol)
+    except LookupError as e:
+        assert absent, f"{symbol.module}.{symbol.name} ({symbol.why}; {symbol.feature}): {e}"
+        return
+    # present: unless a feature's other symbols are gone, the table must not say absent
+    if absent:
+        from fxflops.integrations.vllm.symbols import missing
+
+        assert missing(symbol.feature), (
+            f"{symbol.feature}: the table says absent from vLLM {RELEASE} ({absent}), "
+            "but every symbol of it resolves")
+
+
+def test_the_compile_backend_is_never_absent():
+    assert not FEATURES[COMPILE].absent
+
+
+def test_resolve_says_what_is_missing_in_one_line():
+    for symbol, says in (
+            (Symbol("vllm.no_such_module", "X"), "no module vllm.no_such_module"),
+            (Symbol("vllm.config", "VllmConfig.no_such_method"),
+             "no vllm.config.VllmConfig.no_such_method"),
+            (Symbol("vllm.config.compilation", "CompilationConfig.init_backend",
+                    ("self", "no_such_param")),
+             "CompilationConfig.init_backend has no parameter no_such_param")):
+        with pytest.raises(LookupError) as e:
+            resolve(symbol)
+        assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_compiler_manager_is_built_as_each_release_builds_it():

@@ -113,9 +113,10 @@ class DemoDecoder(nn.Module):
 
 
 def sdpa_flops(cfg: DemoConfig, batch: int, seq: int) -> int:
-    """What torch's registry counts for the model's SDPA calls, which FlopCounterMode counts
-    0 on a CPU: by hand, so that the demo's reference is torch's rule on any torch (its own
-    formula counts grouped-query attention from 2.13 on). Two matmuls per head of the query,
+    """What torch's SDPA formula counts for the model's SDPA calls (which FlopCounterMode
+    counts 0 on a CPU where the installed torch's registry lacks CPU SDPA, before 2.15): by
+    hand, so that the demo's reference is torch's rule on any torch (its own formula counts
+    grouped-query attention from 2.13 on). Two matmuls per head of the query,
     scores ``[seq, head_dim] @ [head_dim, seq]`` and ``[seq, seq] @ [seq, head_dim]``, at 2
     FLOPs per multiply-add: the key's and value's heads broadcast to the query's, a causal
     mask counted in full."""

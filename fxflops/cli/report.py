@@ -214,6 +214,8 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                 console.print("[yellow]" + escape(
                     f"{g['name']}: {g['dropped_sizes']} sizes past FXFLOPS_MAX_SIZES: their "
                     "calls are in its 'overflow' row"))
+    for line in features_off_lines(reports):
+        console.print("[yellow]" + escape(line))
     for rep in reports:
         for u in rep.get("uninstrumented") or []:
             console.print("[yellow]" + escape(
@@ -225,6 +227,21 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")
+
+
+def features_off_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """One line per distinct set of features an engine integration had off (vLLM's runner
+    hooks a release lacks), each with the version and why: the rows they would have given
+    are missing, not zero."""
+    seen: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for rep in reports:
+        off = tuple(sorted((rep["process"].get("features_off") or {}).items()))
+        if off:
+            seen.setdefault(off, []).append(_place(rep))
+    many = len(reports) > 1
+    return [("features off" + (f" ({', '.join(sorted(set(places)))})" if many else "") + ": "
+             + "; ".join(f"{feature} ({why})" for feature, why in off))
+            for off, places in seen.items()]
 
 
 def estimated_lines(reports: list[dict[str, Any]]) -> list[str]:

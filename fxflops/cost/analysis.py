@@ -485,4 +485,5 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = Non
     model(s) ``gm`` is a graph of (``layer_check.LayerSpec``\\ s by module path), checked
     against their sizes (none: nothing checked).
     """
+    registry.require_formulas()  # (a built-in table that failed to load: no partial cost)
     return CostAnalysis(gm, example_inputs, backward, layers).run()

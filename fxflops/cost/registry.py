@@ -106,6 +106,41 @@ class DuplicateRegistration(ValueError):
     """An op registered twice in one table without ``override=True``."""
 
 
+class FormulasUnavailable(RuntimeError):
+    """A module of built-in formulas failed to load: no graph is costed (a cost that
+    silently misses a family of ops would read as exact)."""
+
+
+# module -> why it failed to load (``load_formulas``)
+FAILED_FORMULA_MODULES: dict[str, str] = {}
+_LOADED_FORMULA_MODULES: set[str] = set()
+
+
+def load_formulas(*modules: str) -> None:
+    """Import modules of formulas (each registers its own), once each, never raising:
+    fxflops' own set-up must not reach a user's call. A module that fails is remembered
+    (not retried) and every analysis refuses to cost a graph until then
+    (:func:`require_formulas`): the graph runs uninstrumented, said once, on the inner
+    backend (``instrument.wrap``)."""
+    import importlib
+
+    for module in modules:
+        if module in _LOADED_FORMULA_MODULES:
+            continue
+        _LOADED_FORMULA_MODULES.add(module)
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            FAILED_FORMULA_MODULES[module] = f"{type(e).__name__}: {e}"
+
+
+def require_formulas() -> None:
+    """Raise :class:`FormulasUnavailable` if a module of formulas failed to load."""
+    if FAILED_FORMULA_MODULES:
+        module, why = next(iter(FAILED_FORMULA_MODULES.items()))
+        raise FormulasUnavailable(f"fxflops' formulas in {module} failed to load ({why})")
+
+
 def _add(table: dict[str, Any], name: str, value: Any, override: bool, what: str) -> None:
     if name in table and not override:
         raise DuplicateRegistration(f"fxflops: duplicate registrations of the {what} of "

@@ -11,7 +11,14 @@ the built-in ones. Inside an engine, its plugin registers them as it switches fx
 
 from __future__ import annotations
 
+# every integration's module of op formulas
+FORMULA_MODULES = ("fxflops.integrations.vllm.formulas",)
+
 
 def load_formulas() -> None:
-    """Register every integration's op formulas (idempotent: a module registers once)."""
-    import fxflops.integrations.vllm.formulas  # noqa: F401 (imported for its registrations)
+    """Register every integration's op formulas (idempotent: a module registers once;
+    never raising: a module that fails leaves graphs uninstrumented, said once,
+    ``cost.registry.load_formulas``)."""
+    from fxflops.cost import formulas, registry
+
+    registry.load_formulas(*formulas.BUILTIN, *FORMULA_MODULES)

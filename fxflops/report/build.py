@@ -51,6 +51,8 @@ def process_info(info: dict[str, Any]) -> dict[str, Any]:
         "device": info.get("device"), "dtype": info.get("dtype"),
         "torch": torch.__version__, "vllm": getattr(vllm, "__version__", None),
         "argv": sys.argv[:8],
+        # an engine integration's features off here (vLLM's: integrations.vllm.features)
+        **({"features_off": dict(info["features_off"])} if info.get("features_off") else {}),
     }
 
 

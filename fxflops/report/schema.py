@@ -233,7 +233,9 @@ _GRAPH_META: dict[str, tuple[type, ...]] = {
 
 
 _PROCESS_OPTIONAL: dict[str, tuple[type, ...]] = {
-    "pid": _MAYBE_INT, "rank": (int, str, type(None)), "host": _MAYBE_STR, "ranks": (dict,)}
+    "pid": _MAYBE_INT, "rank": (int, str, type(None)), "host": _MAYBE_STR, "ranks": (dict,),
+    # an engine integration's features that are off in this process: feature -> why
+    "features_off": (dict,)}
 
 
 _RUN_OPTIONAL: dict[str, tuple[type, ...]] = {
@@ -385,6 +387,10 @@ def validate(data: Any, where: str) -> None:
     for i, u in enumerate(data.get("uninstrumented") or []):
         _check(u, f"{where}: uninstrumented[{i}]", _UNINSTRUMENTED_FIELDS, {})
     _check(data["process"], f"{where}: process", {}, _PROCESS_OPTIONAL)
+    for feature, why in (data["process"].get("features_off") or {}).items():
+        if not isinstance(why, str):
+            raise ReportError(f"{where}: process.features_off[{feature[:40]!r}] is "
+                              f"{type(why).__name__}, expected str")
     if "ranks" in data["process"]:
         _check(data["process"]["ranks"], f"{where}: process.ranks", {},
                {f: (int,) for f in PLACEMENT_FIELDS})

@@ -2,8 +2,9 @@
 
 Built on torch's own registry: every matmul, convolution and attention formula
 ``torch.utils.flop_counter`` has is imported as a *matmul-class* formula, so fxflops'
-matmul FLOPs equal ``FlopCounterMode``'s by construction. What torch does not count (vector
-work, CPU SDPA, grouped mm) is registered here in the same style: a formula takes shapes
+matmul FLOPs equal ``FlopCounterMode``'s by construction. What the installed torch does not
+count is registered here in the same style: matmul ops its registry lacks (CPU SDPA before
+torch 2.15, grouped mm; ``TORCH_EXTRAS``, only where it lacks them) and vector work: a formula takes shapes
 (tensors are replaced by their shapes, the output by ``out_shape``) and returns an int, or
 a SymInt when the shapes are symbolic.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
-from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from fxflops.cost.registry import (
     FORMULAS,
@@ -29,21 +30,42 @@ from fxflops.cost.registry import (
     register_zero_flop,
 )
 
-# --- matmul class: torch's own registry, verbatim --------------------------------------
-
-for _target, _fn in _torch_flop_registry.items():
-    FORMULAS[op_name(_target)] = Formula(_fn, "matmul")
+# --- matmul class: torch's own registry, and what the installed torch lacks -------------
+# torch's registry grows (2.15 counts CPU SDPA): fxflops' own formula for an op is used only
+# where the installed torch has none, so that FlopCounterMode's count is fxflops' wherever
+# torch makes one. ``TORCH_EXTRAS``: op -> fxflops' formula, for an op torch may lack.
 
 aten = torch.ops.aten
+TORCH_EXTRAS: dict[str, Formula] = {}
 
 
-@register_formula(aten._scaled_dot_product_flash_attention_for_cpu, kind="matmul")
+def torch_extra(targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare fxflops' matmul formula for ops torch's registry may lack (shapes in, as
+    ``register_formula``): registered by :func:`load_torch_formulas` only where it does."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for target in targets if isinstance(targets, (list, tuple)) else [targets]:
+            TORCH_EXTRAS[op_name(target)] = Formula(shape_wrapper(fn), "matmul")
+        return fn
+
+    return decorator
+
+
+@torch_extra(aten._scaled_dot_product_flash_attention_for_cpu)
 def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """CPU SDPA: torch's registry misses it (FlopCounterMode counts 0); same formula as CUDA."""
+    """CPU SDPA: torch's registry lacks it before 2.15 (FlopCounterMode counts 0); the same
+    formula as CUDA's."""
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-@register_formula(["transformers::grouped_mm_fallback"], kind="matmul")
+@torch_extra(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                           out_shape=None, **kwargs) -> int:
+    """CPU SDPA's backward (training), where torch's registry lacks it; its CUDA formula."""
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+@torch_extra(["transformers::grouped_mm_fallback"])
 def grouped_mm_fallback_flop(input_shape, weight_shape, offs_shape, *args, out_shape=None,
                              **kwargs) -> int:
     """MoE experts (transformers): every routed row meets one expert's [K, N] weight."""
@@ -51,26 +73,50 @@ def grouped_mm_fallback_flop(input_shape, weight_shape, offs_shape, *args, out_s
     return 2 * s * k * weight_shape[2]
 
 
-@register_formula([aten._grouped_mm], kind="matmul")
+@torch_extra([aten._grouped_mm])
 def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    """torch's grouped mm (2D x 3D with offsets, or batched 3D x 3D); its registry misses it."""
+    """torch's grouped mm (2D x 3D with offsets, or batched 3D x 3D), where torch lacks it."""
     if len(a_shape) == 2 and len(b_shape) == 2:  # 2D x 2D: K split into groups
         return 2 * a_shape[0] * a_shape[1] * b_shape[1]
     return 2 * prod(out_shape) * a_shape[-1]
 
 
-@register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, kind="matmul")
-def sdpa_cpu_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
-                           out_shape=None, **kwargs) -> int:
-    """CPU SDPA's backward (training): torch's registry misses it too; its CUDA formula."""
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+def torch_lacks() -> tuple[str, ...]:
+    """The ops fxflops counts as matmul FLOPs that the installed torch's registry has no
+    formula for (``FlopCounterMode`` counts them 0): what fxflops' count adds to its."""
+    have = {op_name(target) for target in _torch_flop_registry}
+    return tuple(name for name in TORCH_EXTRAS if name not in have)
+
+
+# the names ``load_torch_formulas`` put in the table (torch's and the extras), replaced
+# whole at a reload
+_FROM_TORCH: set[str] = set()
+
+
+def load_torch_formulas() -> None:
+    """Fill the matmul class from torch's registry as it is now, and fxflops' extras where
+    it has none, each SDPA formula counting grouped-query attention (below). Run at
+    import; again only where torch's registry was changed (tests)."""
+    for name in _FROM_TORCH:
+        FORMULAS.pop(name, None)
+    _FROM_TORCH.clear()
+    for target, fn in _torch_flop_registry.items():
+        FORMULAS[op_name(target)] = Formula(fn, "matmul")
+        _FROM_TORCH.add(op_name(target))
+    for name in torch_lacks():
+        FORMULAS[name] = TORCH_EXTRAS[name]
+        _FROM_TORCH.add(name)
+    for name, where in _ATTENTION_HEADS.items():
+        if name in FORMULAS:  # (torch's registry may lack an op: cudnn's on an old torch)
+            FORMULAS[name] = dataclasses.replace(FORMULAS[name],
+                                                 fn=_gqa_counted(FORMULAS[name].fn, where))
 
 
 # --- attention: grouped-query attention counted on every torch -------------------------
 # Key and value with fewer heads than the query (GQA) are broadcast to the query's heads by
 # the kernels, and torch's SDPA formulas count them so from torch 2.13 on; earlier releases
 # (2.11, the GPU machine's) assert equal heads and the op could not be costed. Every SDPA
-# formula above (torch's and the CPU op's) is called with the shapes broadcast first: the
+# formula (torch's and fxflops' extras) is called with the shapes broadcast first: the
 # count of torch >= 2.13 on every torch, FlopCounterMode's wherever it can count GQA at all.
 
 _SDPA_KINDS = ("efficient_attention", "flash_attention", "cudnn_attention",
@@ -116,11 +162,6 @@ def _gqa_counted(fn: Callable[..., Any], where: tuple[int, tuple[int, int], int]
     formula.__doc__ = fn.__doc__
     return formula
 
-
-for _name, _where in _ATTENTION_HEADS.items():
-    if _name in FORMULAS:  # (torch's registry may lack an op: cudnn's on an old torch)
-        FORMULAS[_name] = dataclasses.replace(FORMULAS[_name],
-                                              fn=_gqa_counted(FORMULAS[_name].fn, _where))
 
 
 # --- vector class ----------------------------------------------------------------------
@@ -265,3 +306,7 @@ register_zero_flop(*[f"{ns}::{op}" for ns in ("_c10d_functional", "c10d_function
                                 "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
                                 "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
                                 "all_to_all_single", "broadcast", "broadcast_", "wait_tensor")])
+
+# last: where torch's registry has a formula for an op, torch's is the one used (an op it
+# starts to count with a later release among them)
+load_torch_formulas()

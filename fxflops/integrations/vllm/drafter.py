@@ -213,11 +213,10 @@ def _hook_proposer(named: dict[str, Any], _result: Any) -> None:
             _patch(module, "set_forward_context", "drafter", _drafter_forward_context)
 
 
-def _install_v1_hooks() -> None:
-    try:
-        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-    except Exception:  # a vLLM without V1's proposers (or one that moved them)
-        return
+def install_v1() -> None:
+    """V1's proposers (feature "drafter passes (V1 proposers)"; vLLM 0.34 removed them)."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
     # (every proposer's ``__init__`` calls the base's)
     _patch(SpecDecodeBaseProposer, "__init__", "drafter",
            lambda original: passthrough(original, after=_hook_proposer, what="drafter passes"))
@@ -272,6 +271,8 @@ def _v2_note_lengths(named: dict[str, Any]) -> None:
     speculator = named["self"]
     n = int(named["num_reqs"])
     bound = np.asarray(named["seq_lens_cpu_upper_bound"][:n].numpy(), dtype=np.int64)
+    # (an attribute each speculator sets in its __init__: not in symbols.py, which checks
+    # classes; read in the hook's own try, as every argument here)
     seq = np.minimum(bound + int(named["step"]), int(speculator.max_model_len))
     _pending.proposer = speculator
     _pending.lengths = _lengths(named["query_start_loc_np"], seq, n)
@@ -292,13 +293,10 @@ def _hook_speculator(named: dict[str, Any], _result: Any) -> None:
             _patch(module, "set_forward_context", "drafter", _drafter_forward_context)
 
 
-def install_drafter_hooks() -> None:
-    """V1's proposers and V2's speculators, where this vLLM has them."""
-    _install_v1_hooks()
-    try:
-        from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
-    except Exception:  # a vLLM without the V2 runner's speculators
-        return
+def install_v2() -> None:
+    """V2's speculators (feature "drafter passes (V2 speculators)")."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
     # (every model-based speculator's ``__init__`` calls the base's)
     _patch(DraftModelSpeculator, "__init__", "drafter", lambda original: passthrough(
         original, after=_hook_speculator, what="drafter passes (V2)"))

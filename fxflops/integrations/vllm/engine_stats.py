@@ -182,19 +182,21 @@ def _v2_output_read(named: dict[str, Any], _result: Any) -> None:
             spec.add(drafts, int(sampled) - 1)
 
 
-def install_engine_stats() -> None:
-    """Hook where each runner scores its drafts (vLLM's estimate is read by
-    ``forward.begin_step``)."""
+def install_v1() -> None:
+    """Hook where the V1 runner scores its drafts (feature "draft acceptance (V1 runner)";
+    vLLM's estimate is read by ``forward.begin_step``)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     _patch(GPUModelRunner, "_bookkeeping_sync", "spec-decode",
            lambda original: passthrough(original, after=_after_bookkeeping,
                                         what="speculative decoding's acceptance"))
-    try:
-        from vllm.v1.worker.gpu import async_utils
-        from vllm.v1.worker.gpu import model_runner as v2
-    except Exception:  # a vLLM without the V2 runner (or one that moved it)
-        return
+
+
+def install_v2() -> None:
+    """Hook where the V2 runner scores its drafts (feature "draft acceptance (V2 runner)")."""
+    from vllm.v1.worker.gpu import async_utils
+    from vllm.v1.worker.gpu import model_runner as v2
+
     what = "speculative decoding's acceptance (V2)"
     _patch(v2.GPUModelRunner, "execute_model", "spec-decode",
            lambda original: passthrough(original, before=_v2_note_drafts, what=what))

@@ -403,18 +403,20 @@ def _v2_execute_model(original: Any) -> Any:
     return functools.wraps(original)(execute_model)
 
 
-def install_forward_timing() -> None:
-    """Hook the V1 runner, and the V2 runner where this vLLM has it."""
+def install_forward_timing_v1() -> None:
+    """Hook the V1 runner's forward (feature "whole forward (V1 runner)")."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _patch(GPUModelRunner, "_model_forward", "forward", _timed_forward)
+
+
+def install_forward_timing_v2() -> None:
+    """Hook the V2 runner's step (feature "whole forward (V2 runner)")."""
+    from vllm.v1.worker.gpu import async_utils
+    from vllm.v1.worker.gpu import model_runner as v2
 
     from fxflops.integrations.vllm.hooks import passthrough
 
-    _patch(GPUModelRunner, "_model_forward", "forward", _timed_forward)
-    try:
-        from vllm.v1.worker.gpu import async_utils
-        from vllm.v1.worker.gpu import model_runner as v2
-    except Exception:  # a vLLM without the V2 runner (or one that moved it)
-        return
     _patch(v2.GPUModelRunner, "execute_model", "forward", _v2_execute_model)
     _patch(async_utils.StepTimingCollector, "record_batch", "forward",
            lambda original: passthrough(original, after=_v2_record_batch,

@@ -16,15 +16,22 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fxflops import config
 from fxflops.patching import Patch, patch_method, subclasses
 from fxflops.recording.recorder import recorder
 from fxflops.util import warn_once
 
+
+class Undo(NamedTuple):
+    """A change that is not a patched method (a set vLLM reads, extended), undone alike."""
+
+    undo: Callable[[], Any]
+
+
 # every patch this module applied, so that ``uninstall`` can undo them (newest first)
-PATCHES: list[Patch] = []
+PATCHES: list[Patch | Undo] = []
 
 
 def _patch(owner: Any, name: str, tag: str,
@@ -189,7 +196,9 @@ WARMUP_METHODS = {
     "warming_up_model": "warmup",  # the CPU runner's
     "capture_model": "capture",  # CUDA graphs
 }
-# where the workers and model runners are (those imported: a worker imports its own)
+# where the workers and model runners are (those imported: a worker imports its own; a
+# release without one of them has none to patch). vLLM 0.34's CPU runner
+# (``vllm.v1.worker.cpu.model_runner``) subclasses V2's ``GPUModelRunner``: found below it.
 _WORKER_CLASSES = (("vllm.v1.worker.worker_base", "WorkerBase"),
                    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
                    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
@@ -238,6 +247,21 @@ def install_warmup_phases() -> None:
             for name, phase in WARMUP_METHODS.items():
                 if callable(cls.__dict__.get(name)):
                     _patch(cls, name, "warmup", in_phase(phase))
+
+
+def settings_reach_ray_workers() -> None:
+    """Under Ray, vLLM copies to its workers only the environment variables whose prefixes
+    it lists (``vllm.ray.ray_env.DEFAULT_ENV_VAR_PREFIXES``, read at each copy): fxflops'
+    (``FXFLOPS``, ``FXFLOPS_*``) is added to that set, not to
+    ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, which is part of vLLM's compile-cache key."""
+    from vllm.ray import ray_env
+
+    prefixes = ray_env.DEFAULT_ENV_VAR_PREFIXES
+    if not isinstance(prefixes, set):
+        raise TypeError(f"DEFAULT_ENV_VAR_PREFIXES is a {type(prefixes).__name__}, not a set")
+    if "FXFLOPS" not in prefixes:
+        prefixes.add("FXFLOPS")
+        PATCHES.append(Undo(lambda: prefixes.discard("FXFLOPS")))
 
 
 def install_flush_at_shutdown() -> None:
@@ -319,12 +343,8 @@ def install_mode2_backend() -> None:
 def install_piecewise_compiler() -> None:
     """Mode 3: every piecewise graph vLLM compiles, or loads from its cache, is instrumented.
     ``CompilerManager.compile`` does both (it calls ``load`` first); wrapping it alone
-    instruments each graph once. A warm start from vLLM's AOT artifact (vLLM 0.33 with
-    torch >= 2.12: ``VLLM_USE_MEGA_AOT_ARTIFACT``, on by default) calls neither: its pieces
-    are instrumented as the artifact is turned back into the model's forward
-    (``_instrumenting_loaded_pieces``)."""
-    import sys
-
+    instruments each graph once. (A warm start from vLLM's AOT artifact calls neither:
+    ``install_warm_start``.)"""
     from vllm.compilation import backends
 
     from fxflops.instrument.wrap import kernels_setting
@@ -335,16 +355,19 @@ def install_piecewise_compiler() -> None:
     _patch(backends.CompilerManager, "compile", "piecewise", wrap)
     if kernels_setting() is not None:  # outside it: the compile's kernel map captured
         _patch(backends.CompilerManager, "compile", "piecewise-kernels", _capturing_kernels)
-    try:
-        import vllm.compilation.caching  # noqa: F401 (vLLM's AOT artifact of its pieces)
-    except Exception:  # a vLLM without one
-        pass
-    caching = sys.modules.get("vllm.compilation.caching")
-    if callable(getattr(caching, _RECONSTRUCT, None)):
-        _patch(caching, _RECONSTRUCT, "piecewise-warm", _instrumenting_loaded_pieces)
 
 
-# vLLM's function that turns an AOT artifact back into the model's forward (0.33), looked up
+def install_warm_start() -> None:
+    """A warm start from vLLM's AOT artifact (vLLM >= 0.33 with torch >= 2.12:
+    ``VLLM_USE_MEGA_AOT_ARTIFACT``, on by default) calls no compiler: its pieces are
+    instrumented as the artifact is turned back into the model's forward
+    (``_instrumenting_loaded_pieces``; feature "warm start (AOT artifact)")."""
+    from vllm.compilation import caching
+
+    _patch(caching, _RECONSTRUCT, "piecewise-warm", _instrumenting_loaded_pieces)
+
+
+# vLLM's function that turns an AOT artifact back into the model's forward (>= 0.33), looked up
 # in its module at each call
 _RECONSTRUCT = "reconstruct_serializable_fn_from_mega_artifact"
 

@@ -58,18 +58,17 @@ def switch_on() -> None:
                      else os.environ.__setitem__(config.ENABLED.name, previous))
         os.environ[config.ENABLED.name] = "1"  # vLLM's engine and workers inherit it
     placement.run_id()  # set before vLLM starts its engine and workers: they inherit it
-    _settings_reach_ray_workers()
     _collect_worker_metrics()
-    _install_dp_size_note()
-    _install_census()
     install()
 
 
 def install() -> None:
     """Instrument everything vLLM compiles in this process (idempotent): vLLM's op formulas
-    registered first, then the hooks through which vLLM's graphs reach the analysis."""
+    registered first, then the compile backend on its own, then each runner-level feature
+    where the installed vLLM has what it hooks (``features``: one that is not is off
+    alone, named in the log and the report)."""
     register_formulas()
-    from fxflops.integrations.vllm import drafter, engine_stats, forward, hooks
+    from fxflops.integrations.vllm import features
 
     if "hooks" in _installed:
         return
@@ -77,16 +76,12 @@ def install() -> None:
     # vLLM may end a worker without running atexit: flush at its shutdown, and every few
     # seconds meanwhile (on the recorder's background thread, never in the hot path)
     os.environ.setdefault(config.FLUSH_S.name, "5")
-    hooks.install_flush_at_shutdown()
-    forward.install_forward_timing()
-    forward.install_attention_coster()
-    engine_stats.install_engine_stats()
-    drafter.install_drafter_hooks()
-    hooks.install_mode2_backend()
-    hooks.install_piecewise_compiler()
-    # vLLM's own warm-up runs (memory profiling, warm-up compiles and steps, CUDA-graph
-    # capture), whatever the mode: attached to the worker's classes once a worker is made
-    hooks.install_warmup_phases_per_worker()
+    # the compile backend first; then the rest, among them the DP size (before the engine
+    # exists: its DP engines forget their size as they start), the layer census, fxflops'
+    # settings for Ray's workers, and vLLM's warm-up runs (memory profiling, warm-up
+    # compiles and steps, CUDA-graph capture), attached to the worker's classes once a
+    # worker is made
+    features.install()
     if config.KERNELS.get() is not None:
         _allow_profiling_syncs()
         # vLLM's own Inductor compiles (mode 3): kernel maps and per-kernel profiler events
@@ -118,17 +113,21 @@ def register_formulas() -> None:
     idempotent: a module registers once), before any graph of this process is analysed or
     any artifact loaded: every path by which vLLM's graphs reach fxflops starts after
     ``switch_on`` (``FXFLOPS=1`` at ``register``, or the backend name noticed as vLLM makes
-    its config, before it builds a model), and imports nothing of vLLM."""
-    import fxflops.integrations.vllm.formulas  # noqa: F401 (imported for its registrations)
+    its config, before it builds a model), and imports nothing of vLLM. A module that fails
+    to load leaves the graphs uninstrumented, said once; vLLM runs as it would."""
+    from fxflops.integrations import load_formulas
+
+    load_formulas()
 
 
 def uninstall() -> None:
     """Undo everything ``register``, ``switch_on`` and ``install`` changed: vLLM's classes,
     fxflops' prefix in vLLM's Ray prefixes, ``FXFLOPS`` where ``switch_on`` set it."""
-    from fxflops.integrations.vllm import hooks, layers
+    from fxflops.integrations.vllm import features, hooks, layers
 
     hooks.uninstall()
     layers.forget_models()
+    features.forget()
     for undo in reversed(_UNDO):
         undo()
     _UNDO.clear()
@@ -177,42 +176,6 @@ def _collect_worker_metrics() -> None:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     MultiProcessCollector(REGISTRY, path=directory)
-
-
-def _settings_reach_ray_workers() -> None:
-    """Under Ray, vLLM copies to its workers only the environment variables whose prefixes
-    it lists (``vllm.ray.ray_env.DEFAULT_ENV_VAR_PREFIXES``, read at each copy): fxflops'
-    (``FXFLOPS``, ``FXFLOPS_*``) is added to that set, not to
-    ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, which is part of vLLM's compile-cache key."""
-    try:
-        from vllm.ray import ray_env
-    except Exception:  # a vLLM without it (or one that moved it): nothing to add to
-        return
-    prefixes = getattr(ray_env, "DEFAULT_ENV_VAR_PREFIXES", None)
-    if isinstance(prefixes, set) and "FXFLOPS" not in prefixes:
-        prefixes.add("FXFLOPS")
-        _UNDO.append(lambda: prefixes.discard("FXFLOPS"))
-
-
-def _install_dp_size_note() -> None:
-    """Before the engine exists (its DP engines forget their size as they start)."""
-    if "dp-size" in _installed:
-        return
-    from fxflops.integrations.vllm import hooks
-
-    hooks.install_dp_size_note()
-    _installed.add("dp-size")
-
-
-def _install_census() -> None:
-    """Note each model vLLM compiles, with the model tag it is built under, for the layer
-    safety net (``layers``): a weak reference per model, nothing more."""
-    if "census" in _installed:
-        return
-    from fxflops.integrations.vllm.layers import install_census
-
-    install_census()
-    _installed.add("census")
 
 
 def _notice_backend(cc: Any) -> None:
