@@ -52,7 +52,14 @@ def test_vllm_resolves_a_gpu_users_configuration():
     assert current_platform.is_cuda() and current_platform.get_device_capability() == (9, 0)
     assert config.compilation_config.mode == CompilationMode.VLLM_COMPILE
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
-    assert config.use_v2_model_runner
+    # the V2 runner: vLLM's GPU default in 0.33 (``use_v2_model_runner``), the only one
+    # from 0.34 (the V1 runner's module is gone)
+    if hasattr(config, "use_v2_model_runner"):
+        assert config.use_v2_model_runner
+    else:
+        import importlib.util
+
+        assert importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None
     import vllm.envs as envs
 
     assert envs.VLLM_USE_AOT_COMPILE and envs.VLLM_USE_MEGA_AOT_ARTIFACT

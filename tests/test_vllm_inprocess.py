@@ -20,12 +20,19 @@ pytestmark = pytest.mark.vllm
 def test_plugin_does_nothing_unless_asked(monkeypatch):
     monkeypatch.delenv("FXFLOPS", raising=False)
     from vllm.compilation.backends import CompilerManager
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu import model_runner as v2
 
     from fxflops.integrations.vllm import plugin
 
     plugin.register()
-    assert not getattr(GPUModelRunner._model_forward, "_fxflops", False)
+    runners = [v2.GPUModelRunner.execute_model]
+    try:  # the V1 runner, where this vLLM has it (0.34 removed it)
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        pass
+    else:
+        runners.append(GPUModelRunner._model_forward)
+    assert not any(getattr(m, "_fxflops", False) for m in runners)
     assert not getattr(CompilerManager.compile, "_fxflops", False)
     assert not plugin.enabled()
 
@@ -209,9 +216,16 @@ import vllm.envs as envs
 from vllm.ray.ray_env import get_env_vars_to_copy
 from vllm.compilation.caching import aot_compile_hash_factors
 
+def config_key(config):
+    # vLLM's compile-cache key of the config: compute_hash() to 0.33; from 0.34 the
+    # compile_factors() of the config and each sub-config, which compute_hash became
+    if hasattr(config, "compute_hash"):
+        return config.compute_hash()
+    return repr(config.compile_factors(include_version=True))
+
 def snapshot():
     config = VllmConfig(compilation_config=CompilationConfig(mode=3))
-    return {"config": config.compute_hash(), "aot": aot_compile_hash_factors(config),
+    return {"config": config_key(config), "aot": aot_compile_hash_factors(config),
             "ray": sorted(get_env_vars_to_copy()), "environ": dict(os.environ)}
 
 before = snapshot()
@@ -226,7 +240,8 @@ print(json.dumps({"before": before, "after": after, "watching": "watch" in plugi
 
 def test_installed_but_off_fxflops_leaves_vllms_hash_and_workers_environment():
     """Before and after vLLM loads its plugins (fxflops' among them, not switched on), in
-    one process: the same config hash, the same AOT cache-key factors (vLLM's hashed
+    one process: the same config hash (0.34: the same ``compile_factors()``, which replaced
+    ``compute_hash``), the same AOT cache-key factors (vLLM's hashed
     environment among them), the same variables for Ray's workers, the same environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
     proc = procs.run([sys.executable, "-c", SNAPSHOT], timeout=300,
