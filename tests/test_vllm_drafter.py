@@ -10,7 +10,6 @@ is a small module compiled with the backend vLLM hands out for it.
 from __future__ import annotations
 
 import dataclasses
-
 from types import SimpleNamespace
 
 import numpy as np
@@ -173,6 +172,73 @@ def test_every_model_tag_vllm_sets_is_known():
     nonliteral = [str(p.relative_to(root)) for p in root.rglob("*.py")
                   for _ in re.finditer(r"(?<!def )set_model_tag\(\s*[^\s\"']", p.read_text())]
     assert not nonliteral, nonliteral
+
+
+def test_every_v2_speculator_family_that_runs_a_model_builds_it_under_a_drafter_tag():
+    """Every speculator family in the installed vLLM's ``v1/worker/gpu/spec_decode/`` (a
+    folder or module per family: 0.34 has autoregressive, dflash, dflash2, dspark, eagle,
+    gemma4, lilicorr, mtp, multi_module_mtp, standalone_ar, target_dependent_ar, xpress,
+    ngram, suffix, extract_hidden_states; ``fly.py`` is a helper, no family): each speculator class that runs a model (a
+    ``DraftModelSpeculator``) reaches ``set_model_tag`` with drafter tags only, through its
+    own classes' modules and the folder's modules they import; the model-free ones
+    (``BaseSpeculator`` only: n-gram, suffix) build none; abstract bases (a family's
+    shared ``AutoRegressiveSpeculator``) are checked through their concrete subclasses. A new family whose model would
+    be built untagged (its graphs counted as the target's) fails here."""
+    import importlib
+    import inspect
+    import re
+    from pathlib import Path
+
+    from fxflops.integrations.vllm.hooks import DRAFT_TAGS
+
+    try:
+        from vllm.v1.worker.gpu.spec_decode import speculator as base
+    except ImportError:
+        pytest.skip(f"vLLM {vllm.__version__} has no V2 speculators")
+    package = "vllm.v1.worker.gpu.spec_decode"
+    folder = Path(base.__file__).parent
+    imports = re.compile(rf"from {re.escape(package)}\.([\w.]+) import")
+
+    def tags_reached(files: set[Path]) -> set[str]:
+        todo, seen, tags = list(files), set(), set()
+        while todo:
+            path = todo.pop()
+            if path in seen or not path.exists():
+                continue
+            seen.add(path)
+            text = path.read_text()
+            tags |= set(re.findall(r'set_model_tag\(\s*["\'](\w+)["\']', text))
+            for module in imports.findall(text):
+                stem = folder.joinpath(*module.split("."))
+                todo += [stem.with_suffix(".py"), stem / "__init__.py"]
+        return tags
+
+    families = sorted(p.stem if p.suffix == ".py" else p.name for p in folder.iterdir()
+                      if (p.is_dir() and (p / "speculator.py").exists()) or
+                      (p.suffix == ".py" and "Speculator(" in p.read_text()
+                       and p.name != "speculator.py" and not p.name.startswith("_")))
+    assert families, folder
+    model_based, model_free = {}, []
+    for family in families:
+        name = f"{package}.{family}" + (".speculator" if (folder / family).is_dir() else "")
+        module = importlib.import_module(name)
+        classes = [c for c in vars(module).values() if isinstance(c, type)
+                   and c.__module__ == name and issubclass(c, base.BaseSpeculator)]
+        assert classes, f"{name}: no speculator class"
+        for cls in classes:
+            if inspect.isabstract(cls):  # a family's base (autoregressive, target-dependent)
+                continue
+            if not issubclass(cls, base.DraftModelSpeculator):
+                model_free.append(cls.__name__)
+                continue
+            files = {Path(inspect.getsourcefile(c)) for c in cls.__mro__
+                     if c.__module__.startswith(package)}
+            tags = tags_reached(files)
+            assert tags and tags <= DRAFT_TAGS, (cls.__qualname__, sorted(tags - DRAFT_TAGS))
+            model_based[cls.__name__] = sorted(tags)
+    assert model_based, families
+    print(f"vLLM {vllm.__version__}: {len(model_based)} model-based speculators "
+          f"{model_based}; model-free {model_free}")
 
 
 def cad_of(query_lens, seq_lens):
