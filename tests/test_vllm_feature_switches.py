@@ -167,7 +167,7 @@ def test_a_removed_module_turns_off_what_it_serves(fresh, monkeypatch, tmp_path)
     assert compile_and_run(tmp_path)[0]["calls"] == 1
 
 
-def test_a_renamed_parameter_turns_off_its_feature(fresh, monkeypatch, tmp_path):
+def test_a_renamed_parameter_turns_off_its_feature(fresh, monkeypatch, tmp_path, capsys):
     """A parameter fxflops binds by name (the V2 step's batch), renamed in a later vLLM."""
     try:
         from vllm.v1.worker.gpu import async_utils
@@ -182,6 +182,16 @@ def test_a_renamed_parameter_turns_off_its_feature(fresh, monkeypatch, tmp_path)
     assert set(features.OFF) == set(off_here()) | {"whole forward (V2 runner)"}
     assert "has no parameter input_batch" in features.OFF["whole forward (V2 runner)"]
     assert compile_and_run(tmp_path)[0]["calls"] == 1
+    # and `fxflops report` says it, with the version and why
+    from fxflops.cli.main import main
+
+    fxflops.recorder().save(str(tmp_path / "run.json"))
+    monkeypatch.setenv("COLUMNS", "400")  # (one line, unwrapped)
+    assert main(["report", str(tmp_path / "run.json")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert ("features off: " in printed and "whole forward (V2 runner) (vllm "
+            f"{vllm.__version__}: vllm.v1.worker.gpu.async_utils.StepTimingCollector."
+            "record_batch has no parameter input_batch)") in printed, printed
 
 
 def test_without_the_compilation_interface_fxflops_says_so_as_an_error(fresh, monkeypatch,
