@@ -41,7 +41,8 @@ def test_a_moved_api_is_named_with_the_releases_it_was_checked_against(monkeypat
     monkeypatch.setitem(torch_compat.PRIVATES, "gone", torch_compat.Private(
         "torch._inductor.compile_fx", "compile_fx_moved_away", "a test entry"))
     with pytest.raises(AttributeError, match=r"compile_fx_moved_away \(a test entry; fxflops "
-                                             r"checked it with torch 2\.11, 2\.13, 2\.14\)"):
+                                             r"checked it with torch 2\.11, 2\.13, 2\.14, "
+                                             r"2\.15\)"):
         torch_compat.get("gone")
 
 
