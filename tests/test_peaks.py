@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import threading
+import time
+
 import pytest
 import torch
 
@@ -194,24 +200,227 @@ def test_a_cpu_without_known_vector_flags_is_not_called_sse():
     assert "(sse2)" in derive(old_x86, "fp32")[1]
 
 
-def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(monkeypatch):
+def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(monkeypatch,
+                                                                               tmp_path, request):
     """Out of the box a CPU run's report has a peak (source "derived: ...") and its rows an
     MFU; ``fxflops peak --measure``'s figure replaces it; the environment overrides both."""
     from fxflops.report.peaks import save_measured
 
+    from fxflops.report import cpu_bandwidth
+
+    # (a cache of its own: the figure it keeps must not become later tests' peak; the
+    # host's bandwidth kept in it as any fxflops command keeps it)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("FXFLOPS_PEAK_TFLOPS", raising=False)
+    monkeypatch.delenv("FXFLOPS_PEAK_GBPS", raising=False)
+    monkeypatch.setattr(cpu_bandwidth, "_MAY_MEASURE", [True])
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    request.addfinalizer(cpu_bandwidth.host_bandwidth.cache_clear)
     compiled = torch.compile(torch.nn.Linear(64, 64), backend=fxflops.backend(inner="eager"))
     with torch.no_grad():
         for _ in range(3):
             compiled(torch.randn(32, 64))
     report = fxflops.recorder().to_dict()
     assert report["peak"]["source"].startswith("derived:") and report["peak"]["tflops"] > 0
+    # both roofs: the FLOP/s derived, the memory bandwidth measured; the row's bound filled
+    assert report["peak"]["gbps"] > 0 and "GB/s measured" in report["peak"]["source"]
     (row,) = report["graphs"][0]["rows"]
     assert row["mfu"] is not None and row["mfu"] > 0
+    assert row["bound"] in ("memory", "compute") and row["roofline_ms"] > 0
     device = fxflops.recorder().info["device"]
     save_measured(device, {report["process"]["dtype"] or "fp32": 1.5, "fp32": 1.5}, 10.0)
     measured = fxflops.recorder().to_dict()["peak"]
-    assert measured["source"] == "measured" and measured["tflops"] == 1.5
+    assert measured == {"tflops": 1.5, "gbps": 10.0, "source": "measured"}
     monkeypatch.setenv("FXFLOPS_PEAK_TFLOPS", "2.5")
+    # the environment's FLOP/s beside the measured bandwidth: the source names both
     assert fxflops.recorder().to_dict()["peak"] == {"tflops": 2.5, "gbps": 10.0,
+                                                    "source": "env+measured"}
+    monkeypatch.setenv("FXFLOPS_PEAK_GBPS", "20")
+    assert fxflops.recorder().to_dict()["peak"] == {"tflops": 2.5, "gbps": 20.0,
                                                     "source": "env"}
+
+
+# --- a CPU's memory bandwidth: measured once, kept in the host's peak cache ----------------
+
+
+@pytest.fixture
+def bandwidth_cache(tmp_path, monkeypatch):
+    """An empty peak cache of this test's own, nothing measured in this process yet, and
+    the measurements made counted (each a real one)."""
+    from fxflops.report import cpu_bandwidth
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("FXFLOPS_PEAK_TFLOPS", raising=False)
+    monkeypatch.delenv("FXFLOPS_PEAK_GBPS", raising=False)
+    made: list[tuple[cpu_bandwidth.Bandwidth, float]] = []
+    real = cpu_bandwidth.measure
+
+    def counted(*args, **kwargs):
+        start = time.perf_counter()
+        found = real(*args, **kwargs)
+        made.append((found, time.perf_counter() - start))
+        return found
+
+    monkeypatch.setattr(cpu_bandwidth, "measure", counted)
+    monkeypatch.setattr(cpu_bandwidth, "_MAY_MEASURE", [True])  # (as the CLI allows it)
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    yield made
+    cpu_bandwidth.host_bandwidth.cache_clear()
+
+
+def test_a_recording_process_never_measures_the_bandwidth(tmp_path, monkeypatch):
+    """A process that records a model (the library, a server, a training job) reads the
+    kept figure and never measures: nothing kept, no memory roof, nothing measured; the
+    ``fxflops`` command may (``allow_measuring``)."""
+    from fxflops.report import cpu_bandwidth
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_bandwidth, "_MAY_MEASURE", [])
+    calls = []
+    monkeypatch.setattr(cpu_bandwidth, "measure", lambda *a, **k: calls.append(1))
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    try:
+        assert cpu_bandwidth.host_bandwidth("cpu:test") is None and calls == []
+    finally:
+        cpu_bandwidth.host_bandwidth.cache_clear()
+
+
+def _cached(device):
+    from fxflops.report.peak_cache import cache_path
+
+    with open(cache_path()) as f:
+        return json.load(f)[device]["bandwidth"]
+
+
+def test_a_cpus_bandwidth_is_measured_once_in_well_under_a_second_and_kept(bandwidth_cache):
+    from fxflops.report import cpu_bandwidth
+
+    first = cpu_bandwidth.host_bandwidth("cpu:test")
+    assert first is not None and first.gbps > 0 and first.kernel in ("copy", "triad")
+    ((measured, seconds),) = bandwidth_cache
+    assert measured == first
+    # short: the copies and triads stop at the budget (about 0.35 s here, 1 s is slack)
+    assert seconds < 1.0
+    (key,) = _cached("cpu:test")
+    assert _cached("cpu:test")[key]["gbps"] == first.gbps
+    # a later process (nothing in memory) reads the kept figure and measures nothing
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    assert cpu_bandwidth.host_bandwidth("cpu:test") == first and len(bandwidth_cache) == 1
+
+
+def test_a_cpus_bandwidth_is_measured_again_when_its_facts_change(bandwidth_cache,
+                                                                   monkeypatch):
+    """Kept per facts, as the FLOP/s peak is derived from them: other cores (or another
+    clock, another CPU model) measure again and keep their figure beside the first."""
+    from fxflops.report import cpu_bandwidth
+    from fxflops.report.cpu_peak import CpuFacts
+
+    facts = CpuFacts(frozenset({"avx2"}), model_name="Test CPU", clock_ghz=2.0, cpus=2)
+    monkeypatch.setattr(cpu_bandwidth, "this_host", lambda: facts)
+    cpu_bandwidth.host_bandwidth("cpu:test")
+    one_core = dataclasses.replace(facts, cpus=1)
+    monkeypatch.setattr(cpu_bandwidth, "this_host", lambda: one_core)
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    cpu_bandwidth.host_bandwidth("cpu:test")
+    assert len(bandwidth_cache) == 2
+    assert sorted(_cached("cpu:test")) == ["Test CPU, 1 core(s) x 2.00 GHz",
+                                           "Test CPU, 2 core(s) x 2.00 GHz"]
+    monkeypatch.setattr(cpu_bandwidth, "this_host", lambda: facts)  # back to two cores
+    cpu_bandwidth.host_bandwidth.cache_clear()
+    cpu_bandwidth.host_bandwidth("cpu:test")
+    assert len(bandwidth_cache) == 2  # kept: not measured a third time
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{\"cpu:test\": {\"bandwidth\": {", "cannot be read"),  # cut short
+    ("[1, 2]", "not an object of devices"),
+    ("{\"cpu:test\": {\"bandwidth\": {\"KEY\": {\"gbps\": \"fast\", \"kernel\": \"copy\", "
+     "\"threads\": 2}}}}", "is not one"),
+])
+def test_a_bad_peak_cache_is_warned_about_once_and_written_over(bandwidth_cache, fxflops_log,
+                                                                content, problem):
+    from fxflops.report import cpu_bandwidth, peak_cache
+
+    key = cpu_bandwidth.facts_key(cpu_bandwidth.this_host(), torch.get_num_threads())
+    path = peak_cache.cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(content.replace("KEY", key))
+    for _ in range(2):
+        cpu_bandwidth.host_bandwidth.cache_clear()
+        found = cpu_bandwidth.host_bandwidth("cpu:test")
+        assert found is not None and found.gbps > 0  # the run goes on, with a figure
+    warned = [r.getMessage() for r in fxflops_log.records if problem in r.getMessage()]
+    assert len(warned) == 1, fxflops_log.text
+    assert len(bandwidth_cache) == 1  # measured, kept, then read
+    assert _cached("cpu:test")[key]["gbps"] == found.gbps  # written over, whole
+
+
+def test_the_peak_cache_is_replaced_whole_never_written_in_place(tmp_path, monkeypatch):
+    """A reader holding the old file keeps reading the old file whole (a new file renamed
+    over it), and no temporary file is left beside it."""
+    from fxflops.report import peak_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    peak_cache.update_device("cpu:a", {"gbps": 1.0})
+    path = peak_cache.cache_path()
+    with open(path) as f:
+        old = f.read()
+    os.link(path, tmp_path / "reader")  # a reader's open file
+    peak_cache.update_device("cpu:b", {"gbps": 2.0})
+    assert (tmp_path / "reader").read_text() == old
+    assert peak_cache.read_cache() == {"cpu:a": {"gbps": 1.0}, "cpu:b": {"gbps": 2.0}}
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path)]
+
+
+def test_a_process_waits_for_the_one_measuring_and_reads_its_figure(bandwidth_cache):
+    """While one process holds the cache's lock (measuring), another waits for it, then
+    reads the figure kept and measures nothing: two processes never measure side by side
+    (each would see half the memory, and keep that)."""
+    from fxflops.report import cpu_bandwidth, peak_cache
+
+    key = cpu_bandwidth.facts_key(cpu_bandwidth.this_host(), torch.get_num_threads())
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(
+        found=cpu_bandwidth.host_bandwidth("cpu:test")))
+    with peak_cache.locked():
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive()  # waiting for the lock
+        peak_cache.update_device("cpu:test", {"bandwidth": {key: {
+            "gbps": 12.5, "kernel": "triad", "threads": 2}}})
+    waiter.join(timeout=30)
+    assert got["found"] == cpu_bandwidth.Bandwidth(12.5, "triad", 2)
+    assert bandwidth_cache == []
+
+
+def test_the_environments_bandwidth_is_taken_and_nothing_is_measured(bandwidth_cache,
+                                                                     monkeypatch, fxflops_log):
+    """``FXFLOPS_PEAK_GBPS`` replaces the measurement (none is made); a bad value is warned
+    about once and the measured one taken, the run going on."""
+    monkeypatch.setenv("FXFLOPS_PEAK_GBPS", "7")
+    peak = current_peak("cpu:test", "fp32")
+    assert peak["gbps"] == 7.0 and peak["source"].endswith("+env") and bandwidth_cache == []
+    monkeypatch.setenv("FXFLOPS_PEAK_GBPS", "fast")
+    for _ in range(2):
+        peak = current_peak("cpu:test", "fp32")
+        assert peak["gbps"] == bandwidth_cache[0][0].gbps
+    assert "GB/s measured" in peak["source"] and not peak["source"].endswith("+env")
+    assert sum("FXFLOPS_PEAK_GBPS='fast' is not valid" in r.getMessage()
+               for r in fxflops_log.records) == 1
+
+
+@pytest.mark.parametrize("source,label", [
+    ("derived: 2 core(s) x 2.10 GHz (current clock) x 32 FLOP/cycle (avx2+fma); "
+     "8.41 GB/s measured (triad, 2 thread(s))", "derived"),
+    ("derived: 2 core(s) x 2.10 GHz (current clock) x 32 FLOP/cycle (avx2+fma)+env",
+     "derived+env"),
+    ("env+derived: 1 core(s) x 2.10 GHz (current clock) x 32 FLOP/cycle (avx2+fma)",
+     "env+derived"),
+    ("table:H100 SXM:bf16", "H100 SXM"), ("table:H200:fp8+env", "H200+env"),
+    ("env", "env"), ("measured", "measured"), ("env+measured", "env+measured"),
+    ("none", "none"), ("", "none"), (None, "none")])
+def test_a_peaks_source_in_a_word(source, label):
+    from fxflops.report.run_peak import source_label
+
+    assert source_label(source) == label

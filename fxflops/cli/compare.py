@@ -13,6 +13,7 @@ from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
+from fxflops.report.run_peak import run_peak
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 
@@ -36,7 +37,7 @@ def keyed(path: str) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     if len(runs) > 1:
         raise ReportError(f"{path}: holds {len(runs)} runs; give one run's reports "
                           "(fxflops report shows which files belong to which)")
-    rows = merge_rows(flat_rows(reports), reports[0].get("peak"))
+    rows = merge_rows(flat_rows(reports), run_peak(reports))
     # a pipeline's stages are apart: the same graph name on two stages is two graphs
     return ({(_stage_prefix(r) + (r.get("fingerprint") or r["graph"]), str(r["size"])): r
              for r in rows}, describe(rows))
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 def steps_of(path: str) -> dict[str, dict[str, Any]]:
     """A training run's per-step roll-up by size (fxflops.report.steps); empty for inference."""
     reports = load_reports([path])
-    peak = reports[0].get("peak")
+    peak = run_peak(reports)
     steps = training_steps(flat_rows(reports), peak)
     if len({s["rank"] for s in steps}) > 1:  # many ranks: the job's step
         steps = merge_steps(steps, peak)

@@ -114,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     for name, r in list(first.cost.by_module(depth=3).items())[:8]:
         mods.add_row(name, str(r.flops), str(r.matmul_flops))
     console.print(mods)
+    # what the formulas' symbols are (the first table's size AxB: their values, in order)
+    if first.cost.symbol_sources:
+        console.print(escape(f"size symbols of {first.name}: "
+                             + ", ".join(map(str, first.cost.symbol_sources))))
     rec.flush()  # this run's one report under --out, and the per-size graph dumps
     path = rec.default_path()
     missed = (" plus the CPU SDPA FLOPs its registry misses" if sdpa_missed else

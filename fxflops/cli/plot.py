@@ -1,4 +1,8 @@
-"""``fxflops plot PATH -o OUT.png``: throughput and time against size, and a roofline."""
+"""``fxflops plot PATH -o OUT.png``: throughput and time against size, and a roofline.
+
+Its roofs are the run's peak, the one ``fxflops report`` reads MFU and bound against
+(``report.run_peak``), and every roofline's title says where that peak came from.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,9 @@ import argparse
 import io
 import os
 import sys
+import textwrap
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from math import prod
 from typing import Any
 
@@ -14,6 +20,7 @@ from fxflops.recording.size_stats import parse_size
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
+from fxflops.report.run_peak import no_roofline, run_device, run_peak, source_label
 from fxflops.report.schema import ReportError
 from fxflops.util import write_output
 
@@ -28,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def tokens(row: dict[str, Any]) -> int | None:
+def tokens(row: Mapping[str, Any]) -> int | None:
     """The x of a row: its size, or the product of a ``BxS`` size (tokens of a batch)."""
     numbers = parse_size(row["size"])
     return prod(numbers) if numbers is not None else None
@@ -48,6 +55,29 @@ def image_format(path: str, supported: dict[str, str]) -> str:
     return suffix if suffix in supported else "png"
 
 
+def draw_roofs(ax: Any, peak: Mapping[str, Any], intensities: Sequence[float]) -> None:
+    """The two roofs of ``peak`` on a roofline's axes (FLOP per byte against GFLOP/s),
+    each a line of its own: the memory roof (``gid`` "memory roof": GB/s x intensity, up
+    to the ridge) and the compute roof ("compute roof": the peak GFLOP/s, from the ridge),
+    over the points' intensities and the ridge with room either side."""
+    gflops, gbps = peak["tflops"] * 1e3, peak["gbps"]
+    ridge = gflops / gbps  # FLOP per byte where the roofs meet
+    low, high = min([*intensities, ridge]) / 4, max([*intensities, ridge]) * 4
+    ax.plot([low, ridge], [low * gbps, gflops], "k--", gid="memory roof",
+            label=f"memory roof: {gbps:.4g} GB/s")
+    ax.plot([ridge, high], [gflops, gflops], "k-", gid="compute roof",
+            label=f"compute roof: {gflops:.4g} GFLOP/s")
+
+
+def roofline_title(what: str, peak: Mapping[str, Any], device: str | None) -> str:
+    """A roofline's title: what it shows and, in brackets, where its peak came from (as
+    ``fxflops report`` takes it); with no roofs, why not and how to give it them."""
+    missing = no_roofline(peak, device)
+    if missing is None:
+        return f"{what} [{source_label(peak.get('source'))}]"
+    return textwrap.fill(f"{what}: {missing}", 60)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import matplotlib
@@ -65,18 +95,46 @@ def run(args: argparse.Namespace) -> int:
         raise ReportError(f"{len(runs)} runs given: plot one run at a time "
                           "(fxflops report shows which files belong to which)")
     if args.kernels:
-        return _plot_kernels(plt, reports, args.output, skipped)
-    merged = merge_rows(flat_rows(reports), reports[0].get("peak"))
-    rows = [r for r in merged if tokens(r) is not None]
+        fig = kernels_figure(plt, reports)
+        _save(plt, fig, args.output)
+        print(f"wrote {args.output}: {len(kernel_points(reports))} kernel points")
+        return 3 if skipped else 0
+    merged = merge_rows(flat_rows(reports), run_peak(reports))
     # calls past FXFLOPS_MAX_SIZES have no one size: said under the figure, not dropped
     overflow = sum(r["calls"] for r in merged if r["size"] == "overflow")
+    fig = sizes_figure(plt, reports, merged)
+    if overflow:
+        note = f"+ {overflow:,} calls at sizes past FXFLOPS_MAX_SIZES (overflow rows, not drawn)"
+        fig.text(0.5, 0.005, note, ha="center", fontsize=8, color="darkred")
+        print(note)
+    fig.tight_layout(rect=(0, 0.03 if overflow else 0, 1, 1))
+    _save(plt, fig, args.output)
+    for line in describe(merged):
+        print(line)
+    print(f"wrote {args.output}")
+    return 3 if skipped else 0
+
+
+def _save(plt: Any, fig: Any, output: str) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format=image_format(output, fig.canvas.get_supported_filetypes()), dpi=110)
+    plt.close(fig)
+    write_output(output, buf.getvalue())  # the path named, and no other
+
+
+def sizes_figure(plt: Any, reports: Sequence[Mapping[str, Any]],
+                 merged: Sequence[Mapping[str, Any]]) -> Any:
+    """Achieved GFLOP/s and median time against size, per graph, and a roofline of every
+    (graph, size) under the run's peak (``run_peak``, the one ``fxflops report`` uses)."""
+    rows = [r for r in merged if tokens(r) is not None]
     if not rows:
         raise ReportError("no rows with a numeric size to plot")
-    peak = reports[0].get("peak") or {}
-    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    peak = run_peak(reports)
+    series: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:  # a pipeline's stages run different graphs: each its own series
         series[r["graph"] + (f" [{r['stage']}]" if r.get("stage") else "")].append(r)
     fig, (ax_tp, ax_t, ax_roof) = plt.subplots(1, 3, figsize=(16, 4.8))
+    intensities: list[float] = []
     for name, rs in sorted(series.items()):
         rs.sort(key=lambda r: tokens(r) or 0)
         sizes = [tokens(r) for r in rs]
@@ -84,24 +142,19 @@ def run(args: argparse.Namespace) -> int:
         if not name.startswith(WHOLE_FORWARDS):  # (whole forwards: their time only)
             ax_tp.plot(sizes, [(r.get("tflops") or 0) * 1e3 for r in rs], marker="o",
                        label=_label(name))
-            pts = [(r["flops"] / r["bytes_io"], (r.get("tflops") or 0) * 1e3) for r in rs
-                   if r["bytes_io"] and r.get("tflops")]
+            drawn = [r for r in rs if r["bytes_io"] and r.get("tflops")]
+            pts = [(r["flops"] / r["bytes_io"], r["tflops"] * 1e3) for r in drawn]
             if pts:
                 ax_roof.scatter(*zip(*pts), label=_label(name))
-                for (x, y), r in zip(pts, rs):
+                intensities += [x for x, _ in pts]
+                for (x, y), r in zip(pts, drawn):
                     ax_roof.annotate(str(r["size"]), (x, y), fontsize=7)
-    if peak.get("tflops") and peak.get("gbps"):
-        import numpy as np
-
-        xs = np.logspace(-2, 4, 200)
-        ax_roof.plot(xs, np.minimum(peak["tflops"] * 1e3, xs * peak["gbps"]), "k--",
-                     label=_label(f"roofline ({peak.get('source')})"))
-    roof_title = "roofline" if peak.get("tflops") and peak.get("gbps") else \
-        "roofline (no peak known: set FXFLOPS_PEAK_TFLOPS/GBPS)"
-    for ax, title, ylabel in ((ax_tp, "achieved GFLOP/s", "GFLOP/s"),
-                              (ax_t, "median time per call", "ms"),
-                              (ax_roof, roof_title, "GFLOP/s")):
-        ax.set_title(title)
+    if no_roofline(peak) is None:
+        draw_roofs(ax_roof, peak, intensities)
+    for ax, title, ylabel in (
+            (ax_tp, "achieved GFLOP/s", "GFLOP/s"), (ax_t, "median time per call", "ms"),
+            (ax_roof, roofline_title("roofline", peak, run_device(reports)), "GFLOP/s")):
+        ax.set_title(title, fontsize=10 if "\n" in title else None)
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2) if ax is not ax_roof else ax.set_xscale("log")
         ax.set_xlabel("size (elements of the size key: tokens, or batch x seq)"
@@ -109,33 +162,25 @@ def run(args: argparse.Namespace) -> int:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     ax_roof.set_yscale("log")
-    if overflow:
-        note = f"+ {overflow:,} calls at sizes past FXFLOPS_MAX_SIZES (overflow rows, not drawn)"
-        fig.text(0.5, 0.005, note, ha="center", fontsize=8, color="darkred")
-        print(note)
-    fig.tight_layout(rect=(0, 0.03 if overflow else 0, 1, 1))
-    buf = io.BytesIO()
-    fig.savefig(buf, format=image_format(args.output, fig.canvas.get_supported_filetypes()),
-                dpi=110)
-    plt.close(fig)
-    write_output(args.output, buf.getvalue())  # the path named, and no other
-    for line in describe(merged):
-        print(line)
-    print(f"wrote {args.output}")
-    return 3 if skipped else 0
+    return fig
 
 
-def _plot_kernels(plt: Any, reports: list[dict[str, Any]], output: str, skipped: list[str]
-                  ) -> int:
-    """One point per profiled kernel and size: its arithmetic intensity (FLOP per byte at
-    its boundary) against its GFLOP/s, under the roofline of the peak."""
+def kernel_points(reports: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any, Any]]:
+    """(graph, size, kernel) of every profiled kernel with a time, bytes and FLOPs."""
     points = [(g["name"], row["size"], k) for rep in reports for g in rep["graphs"]
               for row in g["rows"] for k in row.get("kernels") or []
               if k.get("median_ms") and k.get("bytes") and k.get("flops")]
     if not points:
         raise ReportError("no profiled kernels to plot: run with FXFLOPS_KERNELS=N (or "
                           "fxflops.backend(kernels=N)) to profile N calls per size")
-    peak = reports[0].get("peak") or {}
+    return points
+
+
+def kernels_figure(plt: Any, reports: Sequence[Mapping[str, Any]]) -> Any:
+    """One point per profiled kernel and size: its arithmetic intensity (FLOP per byte at
+    its boundary) against its GFLOP/s, under the roofs of the run's peak (``run_peak``)."""
+    points = kernel_points(reports)
+    peak = run_peak(reports)
     fig, ax = plt.subplots(figsize=(9, 6))
     by_kernel: dict[str, list[tuple[float, float, Any]]] = defaultdict(list)
     for graph, size, k in points:
@@ -146,16 +191,9 @@ def _plot_kernels(plt: Any, reports: list[dict[str, Any]], output: str, skipped:
         ax.scatter(xs, ys, label=_label(name), s=18)
         for x, y, size in pts:
             ax.annotate(str(size), (x, y), fontsize=6)
-    if peak.get("tflops") and peak.get("gbps"):
-        import numpy as np
-
-        grid = np.logspace(-2, 4, 200)
-        ax.plot(grid, np.minimum(peak["tflops"] * 1e3, grid * peak["gbps"]), "k--",
-                label=_label(f"roofline ({peak.get('source')})"))
-        ax.set_title("kernels against the roofline")
-    else:
-        ax.set_title("kernels (no peak known: set FXFLOPS_PEAK_TFLOPS/GBPS, or run "
-                     "fxflops peak --measure)")
+    if no_roofline(peak) is None:
+        draw_roofs(ax, peak, [x for pts in by_kernel.values() for x, _, _ in pts])
+    ax.set_title(roofline_title("kernels against the roofline", peak, run_device(reports)))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("FLOP per byte (at the kernel's boundary)")
@@ -163,9 +201,4 @@ def _plot_kernels(plt: Any, reports: list[dict[str, Any]], output: str, skipped:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=image_format(output, fig.canvas.get_supported_filetypes()), dpi=110)
-    plt.close(fig)
-    write_output(output, buf.getvalue())
-    print(f"wrote {output}: {len(points)} kernel points")
-    return 3 if skipped else 0
+    return fig

@@ -20,6 +20,7 @@ from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps, merged_anything
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
+from fxflops.report.run_peak import run_peak
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 from fxflops.util import write_output
@@ -91,7 +92,7 @@ def report_rows(reports: list[dict[str, Any]], warmup: bool = False
     if multi:
         several = [r for r in rows if len(by_run[r["run"]]) > 1]
         # (a merged row of one process is that process's row again: not shown twice)
-        merged = [r for r in merge_rows(several, reports[0].get("peak")) if merged_anything(r)]
+        merged = [r for r in merge_rows(several, run_peak(reports)) if merged_anything(r)]
         forward_outside_share(merged)
         rows = rows + merged
     return rows, multi
@@ -175,7 +176,7 @@ def _started(reports: list[dict[str, Any]]) -> float:
 
 def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                rows: list[dict[str, Any]], multi: bool) -> None:
-    peak = reports[0].get("peak") or {}
+    peak = run_peak(reports)  # (the one plot and compare use)
     procs = ", ".join(sorted({_place(r) for r in reports}))
     for line in estimated_lines(reports):  # before the figures they change
         console.print("[yellow]" + escape(line))
@@ -198,6 +199,8 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
                   fmt_pct(r.get("outside_share")), fmt_pct(r.get("padding_share"))]
         table.add_row(*map(escape, cells))
     console.print(table)
+    for line in symbol_lines(reports):  # what the sizes (AxB: the symbols' values) are of
+        console.print(escape(line))
     for line in describe(rows):
         console.print(escape(line))
     steps = training_steps([r for r in rows if r["rank"] != "all"], peak)
@@ -227,6 +230,28 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
     total_bytes = sum(r["bytes_io"] for r in rows if r["rank"] != "all")
     console.print(f"{len(rows)} rows; bytes (I/O) per call summed over rows: "
                   f"{fmt_bytes(total_bytes)}")
+
+
+def symbol_lines(reports: list[dict[str, Any]], shown: int = 3) -> list[str]:
+    """One line per distinct set of size symbols, naming its graphs (the same graph on every
+    rank once) and what each symbol is: ``size symbols of graph1: s72 =
+    input_ids.size(0), s70 = input_ids.size(1)``. Reports written before symbols were
+    named have none to show."""
+    graphs_of: dict[str, list[str]] = {}
+    for rep in reports:
+        for g in rep["graphs"]:
+            named = g.get("symbol_sources") or []
+            if not named:
+                continue
+            legend = ", ".join(f"{s['symbol']} = {s['where']}" for s in named)
+            names = graphs_of.setdefault(legend, [])
+            if g["name"] not in names:
+                names.append(g["name"])
+    lines = []
+    for legend, names in graphs_of.items():
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        lines.append(f"size symbols of {', '.join(names[:shown])}{more}: {legend}")
+    return lines
 
 
 def features_off_lines(reports: list[dict[str, Any]]) -> list[str]:

@@ -27,7 +27,7 @@ from fxflops.cost import (
     formulas,  # noqa: F401 (imported: the built-ins registered)
     registry,
 )
-from fxflops.cost.binder import SizeBinder, UnboundSymbolError
+from fxflops.cost.binder import SizeBinder, UnboundSymbolError, symbol_sources
 from fxflops.cost.graph_cost import (
     GraphCost,
     NodeCost,
@@ -259,6 +259,7 @@ class CostAnalysis:
             recomputed_flops=total([n.flops for n in recomputed]),
             recomputed_matmul_flops=total([n.matmul_flops for n in recomputed]),
             layers_checked=layers.checked, estimated=layers.estimated,
+            symbol_sources=symbol_sources(self.gm, ordered, self.shape_env),
         )
 
     def _attr_value(self, node: torch.fx.Node) -> Any:

@@ -3,11 +3,13 @@
 Each symbol is read from the first placeholder that carries it bare: a dimension of a
 tensor argument (``s72 = input_ids.shape[0]``) or a SymInt argument. Several symbols may
 be equal at run time (vLLM: ``input_ids`` and ``positions``); each is bound on its own.
-The reader is one small function: O(number of symbols) per call.
+The reader is one small function: O(number of symbols) per call. The same places name
+each symbol for the reader of a formula (``symbol_sources``), beside Dynamo's own source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +24,53 @@ from fxflops.util import meta_value
 
 class UnboundSymbolError(ValueError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolSource:
+    """Where one size symbol comes from, for the reader of a formula (``s70 =
+    input_ids.size(1)``): plain strings, so that it travels with a pickled plan.
+
+    ``source`` is Dynamo's name of the symbol's origin in the compiled function's inputs
+    (``L['input_ids'].size()[1]``: the shape environment's first source of it), None where
+    the shape environment knows none. ``input`` and ``dim`` are where this graph reads it at
+    run time (the binder's place: the placeholder's name, and its dimension or None for an
+    int argument): for a piece of a split graph (vLLM's), the piece's own input. ``input``
+    None: the symbol is in no input's shape.
+    """
+
+    symbol: str
+    source: str | None = None
+    input: str | None = None
+    dim: int | None = None
+
+    @property
+    def read_from(self) -> str | None:
+        """The graph's own input it is read from (``z.size(0)``); None where that input is
+        the symbol itself (an int argument Dynamo names after it, which says nothing)."""
+        if self.input is None or (self.dim is None and self.input == self.symbol):
+            return None
+        return self.input if self.dim is None else f"{self.input}.size({self.dim})"
+
+    @property
+    def where(self) -> str:
+        """Its origin in the user's names: Dynamo's source if known, else this graph's input."""
+        if self.source is not None:
+            return user_name(self.source)
+        if self.read_from is not None:
+            return self.read_from
+        return f"the int argument {self.input}" if self.input else "(in no input's shape)"
+
+    def __str__(self) -> str:
+        return f"{self.symbol} = {self.where}"
+
+
+def user_name(source: str) -> str:
+    """Dynamo's source name as the user wrote it: ``L['input_ids'].size()[0]`` ->
+    ``input_ids.size(0)``, ``L['self']._modules['embed'].n`` -> ``self.embed.n``."""
+    name = re.sub(r"^[LG]\[['\"]([^'\"]+)['\"]\]", r"\1", source)
+    name = re.sub(r"\._(?:modules|parameters|buffers)\[['\"]([^'\"]+)['\"]\]", r".\1", name)
+    return re.sub(r"\.(size|stride)\(\)\[(\d+)\]", r".\1(\2)", name)
 
 
 def _no_key(args: Sequence[Any]) -> tuple[()]:
@@ -66,26 +115,62 @@ class SizeBinder:
 
     @classmethod
     def from_graph(cls, gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> SizeBinder:
-        wanted = {str(s): s for s in symbols}
-        found: dict[str, tuple[str, int, int | None]] = {}
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for index, node in enumerate(placeholders):
-            val = meta_value(node)
-            if isinstance(val, torch.SymInt):
-                name = str(val.node.expr)
-                if name in wanted and name not in found:
-                    found[name] = (name, index, None)
-            elif isinstance(val, torch.Tensor):
-                for dim, size in enumerate(val.shape):
-                    if isinstance(size, torch.SymInt):
-                        name = str(size.node.expr)
-                        if name in wanted and name not in found:
-                            found[name] = (name, index, dim)
-        missing = [n for n in wanted if n not in found]
+        found = input_places(gm, symbols)
+        missing = [str(s) for s in symbols if str(s) not in found]
         if missing:
             raise UnboundSymbolError(f"size symbols {missing} appear in no input's shape")
         # in the order of ``symbols``: a key read at run time lines up with them
-        return cls([found[str(s)] for s in symbols])
+        return cls([(str(s), *found[str(s)]) for s in symbols])
+
+
+def input_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
+                 ) -> dict[str, tuple[int, int | None]]:
+    """Where each symbol is read in a call's arguments: by name, the index of the first
+    placeholder that carries it bare and its dimension (None: an int argument). A symbol in
+    no input's shape is left out."""
+    wanted = {str(s) for s in symbols}
+    found: dict[str, tuple[int, int | None]] = {}
+    for index, node in enumerate(_placeholders(gm)):
+        val = meta_value(node)
+        sizes: list[tuple[int | None, Any]] = [(None, val)] if isinstance(val, torch.SymInt) \
+            else list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else []
+        for dim, size in sizes:
+            if isinstance(size, torch.SymInt):
+                name = str(size.node.expr)
+                if name in wanted and name not in found:
+                    found[name] = (index, dim)
+    return found
+
+
+def symbol_sources(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol],
+                   shape_env: Any) -> tuple[SymbolSource, ...]:
+    """What each symbol is, in ``symbols`` order: Dynamo's source of it (the shape
+    environment's; none without one) and the input this graph reads it from (the binder's
+    place, named by the placeholder: a piece of a split graph names its own input)."""
+    places = input_places(gm, symbols)
+    placeholders = _placeholders(gm)
+    named = []
+    for s in symbols:
+        index, dim = places.get(str(s), (None, None))
+        named.append(SymbolSource(str(s), _dynamo_source(shape_env, s),
+                                  placeholders[index].name if index is not None else None, dim))
+    return tuple(named)
+
+
+def _dynamo_source(shape_env: Any, symbol: sympy.Symbol) -> str | None:
+    """The symbol's first source in the shape environment (``s70`` ->
+    ``L['input_ids'].size()[1]``); None without one (a graph traced without Dynamo, a
+    piece unpickled with a fresh shape environment)."""
+    sources = (getattr(shape_env, "var_to_sources", None) or {}).get(symbol)
+    if not sources:
+        return None
+    name = sources[0].name
+    # (a property in torch 2.13, a method in older releases)
+    return str(name() if callable(name) else name)
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 _PARAM_NAME = re.compile(r"(_parameters_|_buffers_|^[pb]_)", re.IGNORECASE)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 import sympy
 
 if TYPE_CHECKING:
-    from fxflops.cost.binder import SizeBinder
+    from fxflops.cost.binder import SizeBinder, SymbolSource
 
 Count = Union[int, sympy.Expr]  # noqa: UP007 (a runtime alias; 3.10 lacks | on it)
 
@@ -168,6 +168,9 @@ class GraphCost:
     # (fxflops.cost.layer_check)
     layers_checked: int = 0
     estimated: list[EstimatedLayer] = dataclasses.field(default_factory=list)
+    # what each symbol is, in ``symbols`` order (a plan pickled before it: none, the class
+    # default)
+    symbol_sources: tuple[SymbolSource, ...] = ()
 
     @property
     def vector_flops(self) -> Count:

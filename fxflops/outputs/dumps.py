@@ -124,6 +124,7 @@ def header(cost: GraphCost, name: str, binding: Mapping[Any, int] | None, size: 
     lines = [
         f"# fxflops: graph {name}" + (f" at size {size}" if size is not None else ""),
         f"# nodes: {cost.num_nodes}; size symbols: {', '.join(map(str, cost.symbols)) or 'none'}",
+        *symbol_lines(cost, binding),
         f"# FLOPs:         {fmt(cost.flops, 'FLOP')}",
         f"#   matmul:      {fmt(cost.matmul_flops, 'FLOP')}",
         f"#   vector:      {fmt(vector, 'FLOP')}",
@@ -145,6 +146,19 @@ def header(cost: GraphCost, name: str, binding: Mapping[Any, int] | None, size: 
     for n in top:
         lines.append(f"#   {n.name:<40} {_fmt(n.flops, binding, 'FLOP')}  ({n.op})")
     return "\n".join(lines) + "\n\n"
+
+
+def symbol_lines(cost: GraphCost, binding: Mapping[Any, int] | None) -> list[str]:
+    """What each size symbol is (``#   s70 = input_ids.size(1)``), its value at the size,
+    Dynamo's own name of it and the input of this graph it is read from (a piece's own)."""
+    values = {str(s): v for s, v in (binding or {}).items()}
+    lines = []
+    for named in cost.symbol_sources:
+        line = f"#   {named}" + (f" = {values[named.symbol]}" if named.symbol in values else "")
+        notes = ([f"Dynamo: {named.source}"] if named.source else []) + (
+            [f"this graph reads it from {named.read_from}"] if named.read_from else [])
+        lines.append(line + (f"   [{'; '.join(notes)}]" if notes else ""))
+    return lines
 
 
 def _at64(c: Count) -> int:

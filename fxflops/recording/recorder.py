@@ -16,6 +16,7 @@ deferred to the flush's end (``defer``).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 import time
@@ -239,6 +240,22 @@ class Recorder:
             out.append(s)
             s = s.parent
         return out
+
+    def scope_view(self, scope: RecordingScope) -> Recorder:
+        """A read-only copy of this recorder that holds only what ``scope`` recorded: the
+        graphs that ran in it, with the scope's rows (what a report of the scope is built
+        from). Whole forwards, collectives and engine figures are the process's only."""
+        view = copy.copy(self)
+        view.graphs = scope.graphs_run()
+        view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
+        view.uninstrumented, view.collectives = [], {}
+        passes = copy.copy(self.backward_passes)
+        passes.by_size = scope.backward_passes()
+        view.backward_passes = passes
+        view.engine = EngineStats()
+        view.sinks, view.scope = [], None
+        view.started = scope.started
+        return view
 
     # --- reading ----------------------------------------------------------------------
 

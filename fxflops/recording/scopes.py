@@ -20,17 +20,12 @@ calls go to the rows of the phase it is replayed in: ``cuda_events``).
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.size_stats import SizeStats
 from fxflops.recording.store import BackwardPasses, GraphRecord
-
-if TYPE_CHECKING:
-    from fxflops.recording.recorder import Recorder
 
 
 class RecordingScope:
@@ -111,22 +106,10 @@ class RecordingScope:
         return sum(r.count for by_phase in list(self.rows.values())
                    for rows in list(by_phase.values()) for r in list(rows.values()))
 
-    def view(self, recorder: Recorder) -> Recorder:
-        """A read-only copy of ``recorder`` that holds only what this scope recorded: the
-        graphs that ran in it, with the scope's rows (what a report of the scope is built
-        from). Whole forwards, collectives and engine figures are the process's only."""
-        view = copy.copy(recorder)
-        view.graphs = [record.with_rows(by_phase)
-                       for record, by_phase in sorted(list(self.rows.items()),
-                                                      key=lambda item: item[0].id)
-                       if any(r.count for rows in list(by_phase.values())
-                              for r in list(rows.values()))]
-        view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
-        view.uninstrumented, view.collectives = [], {}
-        passes = copy.copy(recorder.backward_passes)
-        passes.by_size = self.backward_passes()
-        view.backward_passes = passes
-        view.engine = EngineStats()
-        view.sinks, view.scope = [], None
-        view.started = self.started
-        return view
+    def graphs_run(self) -> list[GraphRecord]:
+        """The graphs that ran while the scope was open, each holding the scope's rows
+        only (``GraphRecord.with_rows``), in registration order: what a report of the
+        scope is built from (``Recorder.scope_view``)."""
+        return [record.with_rows(by_phase)
+                for record, by_phase in sorted(list(self.rows.items()), key=lambda item: item[0].id)
+                if any(r.count for rows in list(by_phase.values()) for r in list(rows.values()))]

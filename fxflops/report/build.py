@@ -28,6 +28,7 @@ from fxflops.report.rows import flat_rows
 from fxflops.report.schema import SCHEMA, GraphRow, PeakFigures, RowFigures
 
 if TYPE_CHECKING:
+    from fxflops.cost.binder import SymbolSource
     from fxflops.recording.recorder import Recorder
     from fxflops.recording.store import GraphRecord
 
@@ -37,6 +38,13 @@ if TYPE_CHECKING:
 
 def _count(c: Count) -> int | str:
     return c if isinstance(c, int) else str(c)
+
+
+def symbol_source(named: SymbolSource) -> dict[str, Any]:
+    """A size symbol as the report says it: the symbol, its origin in the user's names, and
+    the raw parts (Dynamo's source, the graph's own input and dimension)."""
+    return {"symbol": named.symbol, "where": named.where, "source": named.source,
+            "input": named.input, "dim": named.dim}
 
 
 def process_info(info: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +101,8 @@ def graph_summary(g: GraphRecord) -> dict[str, Any]:
         summary = _SUMMARIES[g] = {
             "id": g.id, "name": g.name, "fingerprint": c.fingerprint(), "nodes": c.num_nodes,
             "meta": g.meta, "symbols": [str(s) for s in c.symbols],
+            # what each symbol is, in their order (``s70 = input_ids.size(1)``: "where")
+            "symbol_sources": [symbol_source(s) for s in c.symbol_sources],
             "flops": _count(c.flops), "matmul_flops": _count(c.matmul_flops),
             "bytes_io": _count(c.bytes_io), "bytes_nodes": _count(c.bytes_nodes),
             "runtime_ops": sorted({f"{n.runtime}:{n.op}" for n in c.runtime_nodes}),

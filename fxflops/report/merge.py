@@ -204,7 +204,7 @@ _STEP_WORK = ("flops", "matmul_flops", "bytes_io", "recomputed_flops", "recomput
 _STEP_TIMES = ("forward_ms", "backward_ms", "other_ms", "step_ms")
 
 
-def merge_steps(steps: Iterable[dict[str, Any]], peak: dict[str, Any] | None = None
+def merge_steps(steps: Iterable[dict[str, Any]], peak: Mapping[str, Any] | None = None
                 ) -> list[dict[str, Any]]:
     """The job's training step per run and size, from every rank's (``steps.training_steps``).
 

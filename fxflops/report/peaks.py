@@ -1,11 +1,13 @@
 """Device peaks: dense (non-sparse) TFLOP/s per dtype and memory GB/s.
 
 Figures are the vendors' datasheet numbers for dense math (the sparse figures are twice
-these). A CPU has no table entry: its peak is derived from its ISA, cores and clock
-(``cpu_peak``, source ``derived: ...``), or measured once (``fxflops peak --measure``,
-source ``measured``), which then replaces it. ``FXFLOPS_PEAK_TFLOPS`` /
-``FXFLOPS_PEAK_GBPS`` override both. ``peak()`` (``fxflops.peak``) is the public way to
-the figures a report uses.
+these). A CPU has no table entry: its FLOP/s peak is derived from its ISA, cores and clock
+(``cpu_peak``) and its memory bandwidth measured once per host (``cpu_bandwidth``), source
+``derived: ...``; or both are measured (``fxflops peak --measure``, source ``measured``),
+which then replaces them. ``FXFLOPS_PEAK_TFLOPS`` / ``FXFLOPS_PEAK_GBPS`` override either.
+``peak()`` (``fxflops.peak``) is the public way to the figures a report uses; a report
+keeps them (its ``peak``), and whatever reads the report reads them from there
+(``run_peak``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 from fxflops import config
 from fxflops.recording.recorder import current
+from fxflops.report import peak_cache
+from fxflops.report.cpu_bandwidth import host_bandwidth
 from fxflops.report.cpu_peak import host_peak
 from fxflops.report.schema import PeakFigures
 
@@ -82,48 +86,19 @@ def match_device(name: str) -> Peak | None:
     return None
 
 
-def measured_path() -> str:
-    """Where ``fxflops peak --measure`` keeps what it measured on this host:
-    ``$XDG_CACHE_HOME/fxflops/peak-HOST.json`` (``~/.cache`` by default)."""
-    import os
-    import socket
-
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "fxflops", f"peak-{socket.gethostname()}.json")
-
-
 def save_measured(device_name: str, tflops: dict[str, float], gbps: float) -> str:
-    """Keep a measured peak (matmul TFLOP/s per dtype, copy GB/s) for this device."""
-    import json
-    import os
+    """Keep a measured peak (matmul TFLOP/s per dtype, copy GB/s) for this device, in this
+    host's peak cache (``peak_cache``), as the device's whole entry."""
     import time
 
-    from fxflops.util import atomic_text
-
-    path = measured_path()
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data[device_name] = {"tflops": tflops, "gbps": gbps, "measured_at": time.time()}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_text(json.dumps(data, indent=1), path)
-    return path
+    return peak_cache.update_device(
+        device_name, {"tflops": tflops, "gbps": gbps, "measured_at": time.time()}, replace=True)
 
 
 def load_measured(device_name: str) -> dict[str, Any] | None:
     """The peak measured for this device on this host (``fxflops peak --measure``)."""
-    import json
-
-    try:
-        with open(measured_path()) as f:
-            entry = json.load(f).get(device_name)
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("tflops"), dict):
+    entry = peak_cache.device_entry(device_name)
+    if entry is None or not isinstance(entry.get("tflops"), dict):
         return None
     return entry
 
@@ -135,8 +110,11 @@ def process_peak(info: dict[str, Any]) -> PeakFigures:
 
 def current_peak(device_name: str | None = None, dtype: str = "bf16") -> PeakFigures:
     """``{"tflops", "gbps", "source"}`` for this device and dtype: the table's (a known
-    device), else what ``fxflops peak --measure`` measured here (source ``measured``); the
-    environment overrides both."""
+    device), else what ``fxflops peak --measure`` measured here (source ``measured``),
+    else, for a CPU, its derived FLOP/s and its measured memory bandwidth (source
+    ``derived: <how>; <how>``); the environment overrides each figure it gives (source
+    ``env``, or ``env+<source>`` / ``<source>+env`` where it gives one of the two)."""
+    env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
     tflops = gbps = None
     source = "none"
     peak = match_device(device_name) if device_name else None
@@ -148,12 +126,18 @@ def current_peak(device_name: str | None = None, dtype: str = "bf16") -> PeakFig
             tflops, gbps, source = measured["tflops"][dtype], measured.get("gbps"), "measured"
         elif device_name.startswith("cpu"):  # this host's, from its ISA, cores and clock
             tflops, source = host_peak(dtype)
-    env_t, env_g = config.PEAK_TFLOPS.get(), config.PEAK_GBPS.get()
+            # (measured only where the environment does not give it: a quarter second)
+            bandwidth = host_bandwidth(device_name) if env_g is None else None
+            if bandwidth is not None:
+                gbps = bandwidth.gbps
+                source = f"{source}; {bandwidth.how}" if tflops is not None \
+                    else f"derived: {bandwidth.how}"
+    if env_t and env_g:
+        return {"tflops": env_t, "gbps": env_g, "source": "env"}
     if env_t:
-        tflops, source = env_t, "env"
+        tflops, source = env_t, "env" if source == "none" or gbps is None else f"env+{source}"
     if env_g:
-        gbps = env_g
-        source = "env" if source in ("none", "env") else source + "+env"
+        gbps, source = env_g, "env" if source == "none" or tflops is None else f"{source}+env"
     return {"tflops": tflops, "gbps": gbps, "source": source}
 
 

@@ -212,7 +212,17 @@ _GRAPH_OPTIONAL: dict[str, tuple[type, ...]] = {
     # an int for a static graph, else the expression of its size symbols
     "flops": (int, str), "matmul_flops": (int, str), "bytes_io": (int, str),
     "bytes_nodes": (int, str), "runtime_ops": (list,), "by_op": (list,), "by_module": (list,),
-    "layers": (dict,), "warmup": (list,), "kernels": (list,)}
+    "layers": (dict,), "warmup": (list,), "kernels": (list,),
+    # what each size symbol is (absent from reports written before it)
+    "symbol_sources": (list,)}
+
+
+# one size symbol: ``where`` is what the CLI prints (``s70 = input_ids.size(1)``)
+_SYMBOL_FIELDS: dict[str, tuple[type, ...]] = {"symbol": (str,), "where": (str,)}
+
+
+_SYMBOL_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "source": _MAYBE_STR, "input": _MAYBE_STR, "dim": _MAYBE_INT}
 
 
 _LAYERS_OPTIONAL: dict[str, tuple[type, ...]] = {"checked": (int,), "estimated": (list,)}
@@ -401,6 +411,9 @@ def validate(data: Any, where: str) -> None:
         _check(g, f"{where}: graphs[{i}]", _GRAPH_FIELDS, _GRAPH_OPTIONAL)
         if "meta" in g:
             _check(g["meta"], f"{where}: graphs[{i}].meta", {}, _GRAPH_META)
+        for k, named in enumerate(g.get("symbol_sources", [])):
+            _check(named, f"{where}: graphs[{i}].symbol_sources[{k}]", _SYMBOL_FIELDS,
+                   _SYMBOL_OPTIONAL)
         if "layers" in g:
             _check(g["layers"], f"{where}: graphs[{i}].layers", {}, _LAYERS_OPTIONAL)
             for k, e in enumerate(g["layers"].get("estimated", [])):

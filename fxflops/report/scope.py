@@ -63,14 +63,14 @@ class Scope:
         return self._scope is not None and not self._scope.closed
 
     def _view(self) -> Recorder:
-        """The recorder as far as this scope saw it (``RecordingScope.view``)."""
+        """The recorder as far as this scope saw it (``Recorder.scope_view``)."""
         if self._scope is None or self._recorder is None:
             raise RuntimeError("fxflops.scope(): not entered yet (use it as `with "
                                "fxflops.scope() as s:`)")
         # open: inner scopes' calls so far; CUDA-event samples of its calls, waited for
         # (a bounded wait, as a flush's: reading the times needs them)
         self._recorder.settle(wait=True)
-        return self._scope.view(self._recorder)
+        return self._recorder.scope_view(self._scope)
 
     # --- reading ----------------------------------------------------------------------
 
