@@ -95,17 +95,21 @@ def rows(report: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory) -> dict:
-    """Five launches, one after another:
+    """Seven launches, one after another:
 
     - ``bare``: fxflops not loaded at all (as if not installed), cold: writes cache A;
     - ``off``: fxflops installed, not switched on: warm from cache A;
     - ``env_warm``: ``FXFLOPS=1``, warm from cache A (written without fxflops);
     - ``name_cold``: the backend name alone, cold: writes cache B;
-    - ``env_warm_b``: ``FXFLOPS=1``, warm from cache B (written with fxflops)."""
+    - ``env_warm_b``: ``FXFLOPS=1``, warm from cache B (written with fxflops);
+    - ``env_cold``: ``FXFLOPS=1``, cold: writes cache C;
+    - ``name_warm_c``: the backend name alone, warm from cache C.
+    Each switch is thus seen cold and warm, each pair sharing one ``VLLM_CACHE_ROOT``."""
     tmp = tmp_path_factory.mktemp("launches")
-    a, b = tmp / "cache-a", tmp / "cache-b"
+    a, b, c = tmp / "cache-a", tmp / "cache-b", tmp / "cache-c"
     plan = [("bare", "bare", a), ("off", "off", a), ("env_warm", "env", a),
-            ("name_cold", "name", b), ("env_warm_b", "env", b)]
+            ("name_cold", "name", b), ("env_warm_b", "env", b),
+            ("env_cold", "env", c), ("name_warm_c", "name", c)]
     return {name: launch(tmp, name, how, cache) for name, how, cache in plan}
 
 
@@ -149,9 +153,36 @@ def test_warm_launches_are_instrumented_as_the_cold_one(launches):
     FLOPs and bytes per call, from an artifact written with fxflops (cache B) or without
     (cache A)."""
     _, cold_report = launches["name_cold"]
-    for name in ("env_warm", "env_warm_b"):
+    for name in ("env_warm", "env_warm_b", "name_warm_c"):
         warm, report = launches[name]
         assert "num_inductor_compiles" not in counters(warm)
         assert counters(warm)["num_aot_artifacts_loaded"] == 1
         assert report is not None, name
         assert rows(report) == rows(cold_report), name
+
+
+def test_either_switch_cold_or_warm_records_the_same_exact_rows(launches):
+    """``FXFLOPS=1`` cold and the backend name warm from its cache, as the backend name
+    cold and ``FXFLOPS=1`` warm from its: every launch writes a report with the same graphs,
+    sizes, calls and FLOPs per call, the pieces' matmul FLOPs at each size summing to the
+    uncompiled model's (FlopCounterMode's, by the launch script)."""
+    _, reference = launches["name_cold"]
+    cold, report = launches["env_cold"]
+    assert cold["mode"] == 3 and "num_inductor_compiles" in counters(cold)
+    assert report is not None and rows(report) == rows(reference)
+    for size, output in cold["outputs"].items():
+        assert sum(r[1] for (_, s), r in rows(report).items() if s == int(size)) == \
+            output["flops"] > 0, size
+
+
+def test_features_a_release_lacks_are_named_in_its_reports(launches):
+    """Each launch's report lists the features this vLLM lacks (its runner hooks that do
+    not resolve here: 0.34's V1 runner among them), each with the version, and no other."""
+    from fxflops.integrations.vllm.symbols import FEATURES, missing
+
+    expected = {f for f in FEATURES if missing(f)}
+    for name in ("env_warm", "name_cold", "env_cold", "name_warm_c"):
+        _, report = launches[name]
+        off = report["process"].get("features_off") or {}
+        assert set(off) == expected, (name, off)
+        assert all(why.startswith(f"vllm {vllm.__version__}: ") for why in off.values())
