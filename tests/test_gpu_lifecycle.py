@@ -2,7 +2,13 @@
 lifecycle for the V1 and V2 runners and each CUDA-graph mode (tests/gpu_lifecycle.py:
 memory profiling with its throw-away captures, warm-up, ``capture_model`` for every
 capture size, then serving with async scheduling, the device two steps behind the host),
-through fxflops' real vLLM hooks and vLLM's real CUDA-graph wrapper and dispatcher.
+through fxflops' real vLLM hooks and vLLM's real CUDA-graph wrapper and dispatcher
+(``CudagraphDispatcher`` on vLLM 0.32/0.33, V2's ``CudaGraphManager`` on 0.34).
+
+vLLM 0.34 has the V2 runner only (it removed ``v1/worker/gpu_model_runner.py`` and
+``gpu_ubatch_wrapper.py``): there the V1 cases skip, saying so, and every V1 case has a
+V2 one that runs (``test_v1_warm_up_runs_before_capture_stay_out_of_serving``'s is
+``test_v2_warm_up_runs_stay_out_of_serving``); the signal runs serve with V2.
 
 The simulator enforces CUDA's rules (capture modes: no synchronise, query or
 ``elapsed_time`` while a global capture is in progress, from any thread; events done only
@@ -32,6 +38,16 @@ from tests.cuda_sim import CudaSim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL_DECODE_ONLY")
+RUNNERS = ["v1", "v2"]
+
+
+def need_v1(covered_by: str = "the v2 case covers it") -> None:
+    """Skip where vLLM has no V1 runner (0.34), naming what was removed and what covers it."""
+    from tests.gpu_lifecycle import v1_runner_missing
+
+    missing = v1_runner_missing()
+    if missing:
+        pytest.skip(f"{missing}: {covered_by}")
 
 
 @pytest.fixture
@@ -42,6 +58,8 @@ def server(monkeypatch):
     made = []
 
     def make(runner: str, mode: str, **kwargs) -> Server:
+        if runner == "v1":
+            need_v1()
         sim = CudaSim(lag=2, devices=1)
         s = Server(sim, monkeypatch, runner=runner, mode=mode, **kwargs)
         made.append(s)
@@ -67,7 +85,7 @@ def serving_calls(rec) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_every_replay_counts_where_it_is_served(server, runner, mode):
     """Start-up (profile run, throw-away captures, warm-up, capture of every size) leaves
     the serving rows empty; 120 served steps count 120 calls of each piece, each step
@@ -98,7 +116,7 @@ def test_every_replay_counts_where_it_is_served(server, runner, mode):
     assert s.sim.violations == []
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_piecewise_replays_are_timed_with_the_device_two_behind(server, runner):
     """PIECEWISE: each piece's graph holds one call; its replays are timed by pooled eager
     pairs, which no later replay overwrites: at least 90% timed while the device is still
@@ -117,12 +135,13 @@ def test_piecewise_replays_are_timed_with_the_device_two_behind(server, runner):
     assert s.sim.violations == []
 
 
-def test_full_graph_pieces_say_how_many_were_timed(server, monkeypatch, tmp_path):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_full_graph_pieces_say_how_many_were_timed(server, monkeypatch, tmp_path, runner):
     """A FULL replay is the whole forward (its row timed); its pieces' own times are read
     when the last replay has finished, and the report says how many were: at the final
     flush, timed + lost = calls for every row, and nothing is left in flight."""
     monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))
-    s = server("v1", "FULL_DECODE_ONLY")
+    s = server(runner, "FULL_DECODE_ONLY")
     s.serve(100)
     s.sim.drain()
     fxflops.recorder().flush(final=True)  # as at exit
@@ -134,8 +153,9 @@ def test_full_graph_pieces_say_how_many_were_timed(server, monkeypatch, tmp_path
     assert report["timing"]["replays"] > 0
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_kernel_profiling_takes_serving_calls_only_and_never_breaks_a_capture(
-        server, monkeypatch):
+        server, monkeypatch, runner):
     """FXFLOPS_KERNELS: the profiler waits for the device (as torch.profiler does on a
     GPU), which CUDA forbids during a capture: across start-up (captures included) and
     serving, profiling ran on eager serving calls only, N per size, and no capture was
@@ -167,7 +187,7 @@ def test_kernel_profiling_takes_serving_calls_only_and_never_breaks_a_capture(
                   kernels=wrap.KernelSetting(2))
 
     monkeypatch.setattr(wrap.InstrumentedGraph, "__init__", with_kernels)
-    s = server("v1", "FULL_AND_PIECEWISE")
+    s = server(runner, "FULL_AND_PIECEWISE")
     s.serve(60)
     assert s.sim.violations == []
     assert profiled and {phase for phase, _ in profiled} == {phases.SERVING}
@@ -219,7 +239,7 @@ def assert_whole(rec, sim) -> None:
                                                          r.lost)
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_breakable_graphs_time_each_call_over_its_segments(server, runner):
     """``VLLM_USE_BREAKABLE_CUDAGRAPH``: the whole model one compiled graph, its capture
     broken at each layer's attention (3 layers: 3 graph segments and 3 eager breaks... the
@@ -239,15 +259,21 @@ def test_breakable_graphs_time_each_call_over_its_segments(server, runner):
     assert s.sim.violations == []
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_micro_batched_pieces_are_counted_and_say_they_share_the_stream(server, runner):
     """DBO: each step of 2+ tokens runs as two micro-batches on two threads taking turns on
-    one compute stream (a yield mid-piece), V1's FULL steps captured by the main thread
-    while the threads run the model. Every micro-batch's piece call is counted in its
-    serving row (two per step, one for a 1-token step); eager micro-batched calls are
-    timed, and their rows say the time is shared with the other micro-batch's; no call
-    made under the capture is lost to the wrong thread; nothing illegal."""
-    s = server(runner, "PIECEWISE" if runner == "v2" else "FULL_AND_PIECEWISE", dbo=True)
+    one compute stream (a yield mid-piece), FULL steps captured by the main thread while
+    the threads run the model (V1's; on vLLM 0.34 V2's micro-batched decode graphs, the
+    V1 case being gone). Every micro-batch's piece call is counted in its serving row
+    (two per step, one for a 1-token step); eager micro-batched calls are timed, and their
+    rows say the time is shared with the other micro-batch's; no call made under the
+    capture is lost to the wrong thread; nothing illegal."""
+    if runner == "v1":
+        need_v1("the v2 case covers micro-batching (V2's UBatchRunner), FULL captures too")
+    from tests.gpu_lifecycle import graphs_managed
+
+    mode = "FULL_AND_PIECEWISE" if runner == "v1" or graphs_managed() else "PIECEWISE"
+    s = server(runner, mode, dbo=True)
     rng_steps = s.serve(80)
     rec = fxflops.recorder()
     rec.to_dict()
@@ -275,7 +301,8 @@ def test_v2_memory_profiling_captures_are_profile_not_capture(server):
     piecewise graph (and the two largest FULL) captured and dropped. Their eager warm-up
     runs are "profile" calls, not "capture" ones: the "capture" rows hold the real
     capture's warm-ups only (one per captured size and mode), and ``warmup_kernels``' real
-    steps are "warmup" calls; serving rows empty."""
+    steps are "warmup" calls (vLLM 0.34: and the sampler's warm-up step after capture, a
+    piecewise replay here); serving rows empty."""
     s = server("v2", "PIECEWISE")
     rec = fxflops.recorder()
     by_phase: dict[str, int] = {}
@@ -283,12 +310,15 @@ def test_v2_memory_profiling_captures_are_profile_not_capture(server):
         for w in g.get("warmup", []):
             by_phase[(g["name"], w["warmup"])] = by_phase.get((g["name"], w["warmup"]), 0) \
                 + w["calls"]
-    descs = sum(len(d) for _, d in s.runner.dispatcher.get_capture_descs())
+    descs = sum(len(d) for _, d in s.capture_descs())
+    assert descs == 4  # (PIECEWISE: one graph per capture size)
+    # warmup_kernels' two real steps (0.34: and the sampler's warm-up step)
+    warmup_steps = 3 if s.managed else 2
     for g in rec.graphs:
         # profile: the profile run and one eager warm-up per profiled graph (every size)
         assert by_phase[(g.name, "profile")] == 1 + descs
         assert by_phase[(g.name, "capture")] == descs
-        assert by_phase[(g.name, "warmup")] == 2  # warmup_kernels' two real steps
+        assert by_phase[(g.name, "warmup")] == warmup_steps
     assert set(serving_calls(rec).values()) == {0}
     assert s.sim.violations == []
 
@@ -296,6 +326,7 @@ def test_v2_memory_profiling_captures_are_profile_not_capture(server):
 def test_v1_warm_up_runs_before_capture_stay_out_of_serving(server):
     """V1's ``compile_or_warm_up_model``: eager ``_dummy_run`` at each compile size and
     ``kernel_warmup`` before capture, the sampler's after: "warmup" rows, none serving."""
+    need_v1("test_v2_warm_up_runs_stay_out_of_serving covers V2's warm-up runs")
     s = server("v1", "FULL_AND_PIECEWISE")
     rec = fxflops.recorder()
     report = rec.to_dict()
@@ -306,13 +337,37 @@ def test_v1_warm_up_runs_before_capture_stay_out_of_serving(server):
     assert s.sim.violations == []
 
 
-def test_graphs_released_and_captured_again_while_serving_count_on(server):
+@pytest.mark.parametrize("mode", MODES)
+def test_v2_warm_up_runs_stay_out_of_serving(server, mode):
+    """V2's ``compile_or_warm_up_model``: ``warmup_kernels``' real steps before capture (a
+    3-token prefill, a 2-request decode: eager, no graph captured yet) and, on vLLM 0.34,
+    the sampler's warm-up step after it (8 one-token requests, dispatched as any step: a
+    FULL decode graph's replay where the mode has them, else the piecewise graphs'): every
+    call of theirs in the "warmup" rows, of those sizes, none in serving; no step was
+    timed as a served forward."""
+    s = server("v2", mode)
+    rec = fxflops.recorder()
+    report = rec.to_dict()
+    expected = {3: 1, 2: 1, **({8: 1} if s.managed else {})}
+    for g in report["graphs"]:
+        warm: dict[int, int] = {}
+        for w in g.get("warmup", []):
+            if w["warmup"] == "warmup":
+                warm[w["size"]] = warm.get(w["size"], 0) + w["calls"]
+        assert warm == expected, (g["name"], warm)
+        assert sum(r["calls"] for r in g["rows"]) == 0
+    assert sum(r["calls"] for r in report["forward"]) == 0
+    assert s.sim.violations == []
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_graphs_released_and_captured_again_while_serving_count_on(server, runner):
     """Elastic EP scales while serving: every graph released and captured again. Serving
     calls before and after are all counted in the serving rows (the re-capture's own
     eager warm-ups in "capture" rows), and the old graphs' entries go with them."""
     import gc
 
-    s = server("v1", "FULL_AND_PIECEWISE")
+    s = server(runner, "FULL_AND_PIECEWISE")
     s.serve(40)
     clock = cuda_events.clock()  # (torch.cuda's: the simulator is installed there)
     before = len(clock.graphs)
@@ -328,14 +383,15 @@ def test_graphs_released_and_captured_again_while_serving_count_on(server):
     assert s.sim.violations == []
 
 
-def test_vllms_scale_67_sizes_60_pieces(server):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_vllms_scale_67_sizes_60_pieces(server, runner):
     """vLLM's default capture sizes (67) and a 60-piece model, PIECEWISE: every serving
     call counted, at least 90% timed with the device two steps behind, timed + lost =
     calls once it caught up, no violation."""
     from tests.gpu_lifecycle import VLLM_SIZES
 
     assert len(VLLM_SIZES) == 67
-    s = server("v1", "PIECEWISE", pieces=60, sizes=VLLM_SIZES, max_tokens=512)
+    s = server(runner, "PIECEWISE", pieces=60, sizes=VLLM_SIZES, max_tokens=512)
     s.serve(60)
     rec = fxflops.recorder()
     assert len(rec.graphs) == 60
@@ -358,11 +414,22 @@ SIGNAL_CASES = [*(("SIGTERM", lock) for lock in LOCKS),
                 ("SIGINT", "the CUDA clock's"), ("SIGINT", "a graph record's")]
 
 
+def signal_runner() -> tuple[str, str]:
+    """(runner, its module) the signal runs serve with: V1, V2 where vLLM has no V1 runner
+    (0.34)."""
+    from tests.gpu_lifecycle import v1_runner_missing
+
+    if v1_runner_missing():
+        return "v2", "vllm.v1.worker.gpu.model_runner"
+    return "v1", "vllm.v1.worker.gpu_model_runner"
+
+
 @pytest.fixture(scope="module")
 def signal_runs(tmp_path_factory):
     """Each case's run, two processes at a time (each mostly waits on vLLM's import); a
     process's end is noted when it ends (polled), not when it is waited for."""
     cases = {case: tmp_path_factory.mktemp("signal") for case in SIGNAL_CASES}
+    runner = signal_runner()[0]
     pending, running, results = list(cases), {}, {}
     deadline = time.monotonic() + 600
     while pending or running:
@@ -370,7 +437,7 @@ def signal_runs(tmp_path_factory):
             signame, lock = case = pending.pop(0)
             folder = cases[case]
             running[case] = procs.popen(
-                [sys.executable, str(ROOT / "tests" / "gpu_lifecycle.py"), "v1",
+                [sys.executable, str(ROOT / "tests" / "gpu_lifecycle.py"), runner,
                  "FULL_AND_PIECEWISE", "400", LOCKS[lock], signame, str(folder / "signalled")],
                 cwd=ROOT, env={**os.environ, "FXFLOPS_OUT": str(folder / "out")},
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -388,11 +455,11 @@ def signal_runs(tmp_path_factory):
     return results
 
 
-# a process that imported vLLM as the runs below import it and ends by an unhandled
-# KeyboardInterrupt, without fxflops: how it ends (by SIGINT, as Python ends a process so;
-# vLLM 0.33 on torch 2.14: exit status 1, whatever else runs), and how long its shutdown
-# takes from the exception (Python unwinding vLLM's modules and threads)
-INTERRUPTED = ("import time, vllm.compilation.cuda_graph, vllm.v1.worker.gpu_model_runner\n"
+# a process that imported vLLM as the runs below import it (their runner's module) and ends
+# by an unhandled KeyboardInterrupt, without fxflops: how it ends (by SIGINT, as Python ends
+# a process so; vLLM 0.33 on torch 2.14: exit status 1, whatever else runs), and how long
+# its shutdown takes from the exception (Python unwinding vLLM's modules and threads)
+INTERRUPTED = ("import time, vllm.compilation.cuda_graph, {runner_module}\n"
                "print(time.time(), flush=True)\n"
                "raise KeyboardInterrupt")
 
@@ -401,7 +468,8 @@ INTERRUPTED = ("import time, vllm.compilation.cuda_graph, vllm.v1.worker.gpu_mod
 def interrupted() -> tuple[int, float]:
     """(exit status, seconds from the exception to the exit) of ``INTERRUPTED``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
-    proc = procs.run([sys.executable, "-c", INTERRUPTED], timeout=300, cwd=ROOT, env=env)
+    script = INTERRUPTED.format(runner_module=signal_runner()[1])
+    proc = procs.run([sys.executable, "-c", script], timeout=300, cwd=ROOT, env=env)
     raised = float(proc.stdout.strip().splitlines()[-1])
     return proc.returncode, time.time() - raised
 

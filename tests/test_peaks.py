@@ -204,9 +204,8 @@ def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(m
                                                                                tmp_path, request):
     """Out of the box a CPU run's report has a peak (source "derived: ...") and its rows an
     MFU; ``fxflops peak --measure``'s figure replaces it; the environment overrides both."""
-    from fxflops.report.peaks import save_measured
-
     from fxflops.report import cpu_bandwidth
+    from fxflops.report.peaks import save_measured
 
     # (a cache of its own: the figure it keeps must not become later tests' peak; the
     # host's bandwidth kept in it as any fxflops command keeps it)
