@@ -14,14 +14,18 @@ measured; against the CPU path's cost. One run, paired rounds, ratios.
    FULL graph: counted per phase, O(1) in the calls it holds), against the bare replay.
 3. Per decode step of vLLM's piecewise mode: 60 pieces, each its own graph holding one
    instrumented call, replayed in turn (what a served step's host pays; goal: at most
-   1 us per piece), with the CUDA calls fxflops adds per piece counted (each costs the
-   host a few microseconds of CUDA's own on a device: gpu_check's ``graphs`` measures it).
+   1 us per piece), against 60 graphs of a class fxflops never patched, rounds
+   interleaved: at ``FXFLOPS_REPLAY_SAMPLE_EVERY``'s value (32 unless set: every replay
+   counted, a sample timed) and at 1 (every replay timed). Then the CUDA calls fxflops
+   adds per replay over 640 steps of 60 fresh pieces at N = 32, their first replays
+   included (each costs the host a few microseconds of CUDA's own on a device:
+   gpu_check's ``replay_host`` measures it).
 
 ``--instructions``: the third figure in instructions instead of time (this script under
 ``valgrind --tool=callgrind``, a dump before each ``os.getloadavg()`` separating the
-loops): instructions per replay of a one-call graph, bare and instrumented, each loop run
-twice and the lower kept. Wall time of a few microseconds drifts with the machine; the
-instructions do not.
+loops): instructions per replay of a one-call graph, bare, instrumented at the sampling's
+value and at 1, each loop run twice and the lower kept. Wall time of a few microseconds
+drifts with the machine; the instructions do not.
 
 No device is involved: on a GPU, the CUDA calls themselves (a few us each for a record or
 query) come on top; scripts/gpu_check.py measures those on the device.
@@ -30,13 +34,17 @@ query) come on top; scripts/gpu_check.py measures those on the device.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 import fxflops
+from fxflops import config
 from fxflops.instrument import plan, wrap
 from fxflops.recording import cuda_events
 from fxflops.recording.size_stats import SizeStats
@@ -69,6 +77,29 @@ class Graph:
 
     def replay(self) -> None:
         pass
+
+
+class Bare:
+    """A graph of a class fxflops never patched: what a replay costs without fxflops."""
+
+    def replay(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def sampling(every: int | None) -> Iterator[None]:
+    """Graphs captured inside sample one replay in ``every`` (None: the variable as set)."""
+    name = config.REPLAY_SAMPLE_EVERY.name
+    old = os.environ.get(name)
+    if every is not None:
+        os.environ[name] = str(every)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 class StandInCuda:
@@ -215,31 +246,50 @@ class Counting(StandInCuda):
             pass
 
 
-def per_step(pairs: int, pieces: int = 60) -> None:
+def per_step(pairs: int, pieces: int = 60, steps: int = 640) -> None:
     cuda = Counting()
     clock = cuda_events.clock(cuda)
-
-    graphs, bare = [captured(cuda, clock) for _ in range(pieces)], [Graph() for _ in range(pieces)]
+    every = config.REPLAY_SAMPLE_EVERY.get()
+    with sampling(None):
+        sampled = [captured(cuda, clock) for _ in range(pieces)]
+    with sampling(1):
+        each = [captured(cuda, clock) for _ in range(pieces)]
+    bare = [Bare() for _ in range(pieces)]
 
     def step(gs: list[Any]) -> None:
         for g in gs:
             g.replay()
 
-    step(bare), step(graphs)  # (warm)
-    b, o, d = [], [], []
+    for gs in (bare, sampled, each):  # (warm: past every row's first replays)
+        for _ in range(config.MIN_TIMED_FIRST + 1):
+            step(gs)
+    b, d, d1 = [], [], []
     for _ in range(pairs):
         tb = per_call_ns(step, (bare,), 2_000)
-        to = per_call_ns(step, (graphs,), 2_000)
+        ts = per_call_ns(step, (sampled,), 2_000)
+        t1 = per_call_ns(step, (each,), 200)
         b.append(tb)
-        o.append(to)
-        d.append(to - tb)
-    Counting.calls = 0
-    step(graphs)
-    calls = Counting.calls / pieces
-    added = statistics.median(d)
+        d.append(ts - tb)
+        d1.append(t1 - tb)
+    clock.collect()
+    added, added1 = statistics.median(d), statistics.median(d1)
     print(f"per decode step of {pieces} pieces: bare {statistics.median(b) / 1e3:.1f} us, "
-          f"fxflops +{added / 1e3:.1f} us = +{added / pieces / 1e3:.2f} us per piece "
-          f"(goal: at most 1 us per piece); {calls:.1f} CUDA calls added per piece")
+          f"fxflops +{added / 1e3:.1f} us = +{added / pieces / 1e3:.2f} us per piece at "
+          f"FXFLOPS_REPLAY_SAMPLE_EVERY={every} (goal: at most 1 us per piece); every replay "
+          f"timed (=1): +{added1 / 1e3:.1f} us = +{added1 / pieces / 1e3:.2f} us per piece")
+    # the CUDA calls, over a run's first steps too (each row's first replays all timed)
+    calls = []
+    for n in (32, 1):
+        with sampling(n):
+            fresh = [captured(cuda, clock) for _ in range(pieces)]
+        Counting.calls = 0
+        for _ in range(steps):
+            step(fresh)
+        clock.collect()
+        calls.append(Counting.calls / (pieces * steps))
+    print(f"CUDA calls added per replay at FXFLOPS_REPLAY_SAMPLE_EVERY=32, {pieces} pieces "
+          f"over {steps} steps (their first replays included): {calls[0]:.3f} (every replay "
+          f"timed, =1: {calls[1]:.3f})")
 
 
 def measure_replays(replays: int) -> None:
@@ -251,13 +301,17 @@ def measure_replays(replays: int) -> None:
     cuda = Counting()
     clock = cuda_events.clock(cuda)
 
-    ours, bare = captured(cuda, clock), cuda.CUDAGraph()
-    for g in (bare, ours):
+    with sampling(None):
+        ours = captured(cuda, clock)
+    with sampling(1):
+        each = captured(cuda, clock)
+    bare = Bare()
+    for g in (bare, ours, each):
         for _ in range(50):
             g.replay()
     gc.freeze()
     for _ in range(2):
-        for g in (bare, ours):
+        for g in (bare, ours, each):
             os.getloadavg()
             for _ in range(replays):
                 g.replay()
@@ -291,11 +345,13 @@ def instructions(replays: int) -> int:
                 if line.startswith("summary:") or line.startswith("totals:"):
                     counts.append(int(line.split()[1]))
                     break
-    loops = counts[1:5]  # (the first part: the import and the set-up)
-    bare = min(loops[0], loops[2]) / replays
-    ours = min(loops[1], loops[3]) / replays
+    loops = counts[1:7]  # (the first part: the import and the set-up)
+    bare, ours, each = (min(loops[i], loops[i + 3]) / replays for i in range(3))
+    every = config.REPLAY_SAMPLE_EVERY.get()
     print(f"instructions per replay of a one-call graph (callgrind, {replays:,} each): "
-          f"bare {bare:,.0f}, fxflops {ours:,.0f}, added {ours - bare:,.0f}")
+          f"bare {bare:,.0f}; fxflops at FXFLOPS_REPLAY_SAMPLE_EVERY={every} {ours:,.0f}, "
+          f"added {ours - bare:,.0f} (goal: at most 4,000); every replay timed (=1) "
+          f"{each:,.0f}, added {each - bare:,.0f}")
     return 0
 
 

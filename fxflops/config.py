@@ -132,6 +132,16 @@ SAMPLE_EVERY = Variable("FXFLOPS_SAMPLE_EVERY", _positive_int, 256,
                         "multiple of this: this many from 16 on), then one call in this many; "
                         "count every one (1: time every call; the CPU clock's path; see "
                         "[conventions.md](conventions.md))")
+# a CUDA graph's replays (vLLM's piecewise graphs: one per piece per step) are counted
+# every one and timed by a sample: each timed replay costs five CUDA calls and the clock's
+# lock, several microseconds of the host's; counting alone costs a fraction of one
+# (``CudaClock``'s text, docs/conventions.md)
+REPLAY_SAMPLE_EVERY = Variable(
+    "FXFLOPS_REPLAY_SAMPLE_EVERY", _positive_int, 32,
+    f"CUDA graphs holding one instrumented call (vLLM's piecewise graphs): count every "
+    f"replay, time a (graph, size)'s first {MIN_TIMED_FIRST} replays, then one in this many "
+    "on average, at random strides (seeded; 1: time every replay; see "
+    "[conventions.md](conventions.md))")
 MAX_SIZES = Variable("FXFLOPS_MAX_SIZES", _positive_int, 8192,
                      "sizes kept per graph; calls at further sizes go to its `overflow` row")
 RANK = Variable("FXFLOPS_RANK", _rank, None,
@@ -168,8 +178,8 @@ PROMETHEUS_SIZES = Variable("FXFLOPS_PROMETHEUS_SIZES", _positive_int, 32,
                             "summed under `size=\"other\"`")
 
 VARIABLES: tuple[Variable, ...] = (ENABLED, OUT, FLUSH_S, LOG_INTERVAL, PEAK_TFLOPS, PEAK_GBPS,
-                                   WINDOW, SAMPLE_EVERY, MAX_SIZES, RANK, RUN_ID, DUMP_DIR,
-                                   KERNELS, LOG, PROMETHEUS, PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
+                                   WINDOW, SAMPLE_EVERY, REPLAY_SAMPLE_EVERY, MAX_SIZES, RANK,
+                                   RUN_ID, DUMP_DIR, KERNELS, LOG, PROMETHEUS, PROMETHEUS_DIR, PROMETHEUS_PORT, PROMETHEUS_SIZES)
 
 
 def warn_unknown_variables() -> None:

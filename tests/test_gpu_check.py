@@ -127,6 +127,19 @@ def test_a_capture_driven_from_another_thread(rehearsal):
     assert not sim.violations
 
 
+def test_the_replay_host_check_counts_every_replay(rehearsal):
+    """Piecewise replays at the default sampling: the host's time here is this VM's Python
+    over the simulator (the GPU's to judge), but the counts are the check's own: every
+    replay counted, those chosen timed or lost, the control's replays counted too."""
+    module, sim = rehearsal
+    o = module.check_replay_host(graphs=6, steps=10, warm=20, rounds=2)
+    assert o.ok in (True, False) and o.control in (True, False), module.describe(o)
+    assert o.figure.startswith("piecewise replays, host time per replay: bare"), o.figure
+    assert "240/240 replays counted" in o.figure and " 0 lost" in o.figure, o.figure
+    assert "240/240 counted" in o.control_figure, o.control_figure
+    assert not sim.violations
+
+
 @pytest.mark.parametrize("check,kwargs,figure", [
     ("check_host", {"iters": 20, "rounds": 2}, "batch-1 forward: bare"),
     ("check_training", {"steps": 3}, "training: backward graph 3/3 steps counted"),

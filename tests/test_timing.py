@@ -163,14 +163,17 @@ def captured_pieces(sim, clock, records: list[Record], size: int, ms: float = 0.
     return g
 
 
+@pytest.mark.parametrize("every", [1, 32])
 @pytest.mark.parametrize("pieces", [1, 8])
-def test_replays_count_where_they_are_served_and_are_timed(sim, pieces):
+def test_replays_count_where_they_are_served_and_are_timed(sim, monkeypatch, pieces, every):
     """A graph captured in the capture phase, replayed 200 times while serving with the
     device two replays behind, 5 more times in a warm-up: the serving rows count the 200
     replays and the warm-up rows the 5, none in the capture phase; with one call per graph
-    (vLLM's piecewise graphs) at least 90% of replays are timed; with several (a FULL
-    graph, whose replay is the whole forward) the per-call times are what could be read,
-    and the rest is counted lost."""
+    (vLLM's piecewise graphs) at least 90% of the replays chosen are timed (every replay
+    with FXFLOPS_REPLAY_SAMPLE_EVERY=1; else a sample: tests/test_replay_sampling.py);
+    with several (a FULL graph, whose replay is the whole forward) the per-call times are
+    what could be read, and the rest is counted lost."""
+    monkeypatch.setenv("FXFLOPS_REPLAY_SAMPLE_EVERY", str(every))  # read at the capture
     clock = cuda_events.clock(sim)
     records = [Record() for _ in range(pieces)]
     g = captured_pieces(sim, clock, records, size=8)
@@ -190,7 +193,12 @@ def test_replays_count_where_they_are_served_and_are_timed(sim, pieces):
         assert serving.count == 200 and warm.count == 5
         assert ("capture", 8) not in record.rows or record.rows[("capture", 8)].count == 0
         if pieces == 1:
-            assert serving.samples_taken >= 0.9 * 200 and serving.lost == 0
+            if every == 1:
+                assert serving.chosen == 200
+            else:  # the first 16, then one in 16 to 48 replays
+                assert 16 + 184 // 48 <= serving.chosen <= 16 + 184 // 16 + 1
+            assert serving.samples_taken >= 0.9 * serving.chosen and serving.lost == 0
+            assert serving.samples_taken + serving.lost == serving.chosen
             assert set(serving.samples()) == {500_000}  # the piece's 0.5 ms
         else:
             assert serving.samples_taken + serving.lost == serving.count

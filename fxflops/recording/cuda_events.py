@@ -19,13 +19,32 @@ calls it holds (graph record and size key, never a row: a replay's calls go to t
 the phase it is *replayed* in, not the one it was captured in). At each replay, on the
 replaying thread, O(1) in the number of calls captured:
 
-- a graph holding one instrumented call (vLLM's piecewise graphs) gets a pooled eager pair
-  around ``replay()``: that call's count and its time, which no later replay overwrites;
+- a graph holding one instrumented call (vLLM's piecewise graphs) counts every replay in
+  its row (``next(row.calls)``: exact under threads, no lock) and times a sample of them,
+  each in a pooled eager pair around ``replay()``, which no later replay overwrites (see
+  *Sampled replays*);
 - a graph holding several (a FULL graph: the whole forward, which an integration's forward
   row times) counts its replay in a per-phase counter, turned into one call of each held
   graph's row at the next collection; its per-call times are read from the captured pairs
   when the previous replay has finished, at most once every ``len(calls)`` replays (one
   ``query()`` per replay), and those not read are counted lost.
+
+**Sampled replays.** vLLM replays one graph per piece per step (60 pieces at 50 steps/s:
+3,000 replays a second), and a timed replay costs the host five CUDA calls (two records, a
+query, an elapsed time, a query that finds the device behind) and the clock's lock: several
+microseconds, where a count costs a fraction of one. So a row's first ``MIN_TIMED_FIRST``
+replays are timed, then one in ``FXFLOPS_REPLAY_SAMPLE_EVERY`` (N, read when the graph is
+captured) on average: the next timed replay is a random stride on, drawn uniformly from
+N - N // 2 to N + N // 2 (mean N; 1: every replay) by the clock's seeded generator, so a
+run replayed in the same order times the same replays. A fixed stride is what it avoids:
+pieces replayed in lockstep would all be timed in the same step, and a piece whose time
+follows the steps' period would be sampled at one phase of it. A replay not due runs the
+graph with nothing else (``patched_replay``: one attribute read, two ``next`` and a
+comparison); a due one is *chosen* (``SizeStats.choose``) and timed as above, its sample
+standing for the stretch of replays around it (the row's ``total_ns`` is unbiased). A
+chosen replay whose sample never comes is ``lost``, as any call's: ``timed + lost =
+chosen`` once read. Graphs holding several calls, split calls and eager calls are timed
+every one, as before.
 
 **Which capture a call belongs to.** A call made while its stream captures belongs to the
 capture this thread holds (innermost first); failing that (vLLM's micro-batch threads run
@@ -61,6 +80,7 @@ lock with a timeout (the interrupted thread may hold it) and skips what it canno
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import time
 import weakref
@@ -68,6 +88,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fxflops import config
 from fxflops.recording import phases
 from fxflops.recording.runtime_costs import charge_runtime
 from fxflops.recording.size_stats import CallCounter, taken
@@ -76,6 +97,19 @@ from fxflops.util import warn_once
 # a call whose device time is at most this times the host's between its two records, and
 # which found the device idle, was paced by the host (see the module's text)
 HOST_BOUND = 1.25
+
+# the seed of each clock's stride generator (``CudaClock.rng``): the same replays, in the
+# same order, are timed in every run
+REPLAY_SEED = 0x48
+
+# a pair whose ``query()`` said unfinished is asked again by a chosen replay only once this
+# many pairs were queued since (the device runs steps behind the host: asking at every
+# chosen replay would be a CUDA call each, mostly answered no)
+REREAD_AFTER = 2
+
+# the warm-up phases in progress (``phases._PHASES``: one list, changed in place, never
+# rebound): a replay made while it is empty is served, and may take the fast path
+_WARMUPS = phases._PHASES
 
 
 def _torch_cuda() -> Any:
@@ -89,7 +123,7 @@ class _Pending:
     has completed; pooled per device with its events, reused once read."""
 
     __slots__ = ("start", "end", "row", "device", "thread", "t0", "host_ns", "idle",
-                 "shared", "armed", "failed", "seq")
+                 "shared", "armed", "failed", "seq", "halves")
 
     def __init__(self, start: Any, end: Any, row: Any, device: int) -> None:
         self.start, self.end, self.row, self.device = start, end, row, device
@@ -97,6 +131,7 @@ class _Pending:
         self.idle = self.shared = self.failed = False
         self.armed = True
         self.seq = 0  # its place in the queue (a pooled pair is queued again: not identity)
+        self.halves = 2  # the calls its sample stands for, in halves (SizeStats.choose)
 
 
 class _Split:
@@ -133,10 +168,19 @@ class CapturedGraph:
 
     __slots__ = ("calls", "runtime", "device", "stream", "thread", "rows", "pending",
                  "unread", "last_phase", "next_read", "opens", "closes", "keep", "active",
-                 "graph", "__weakref__")
+                 "graph", "one", "every", "replays", "__weakref__")
 
-    def __init__(self, device: int, stream: Any = None, thread: int = 0) -> None:
+    def __init__(self, device: int, stream: Any = None, thread: int = 0,
+                 every: int = 1, replays: Any = None) -> None:
         self.calls: list[_Held] = []
+        # the serving row of its one call, where a served replay needs nothing else than
+        # that row's count and, when due, its pair (no run-time costs, no split call):
+        # the replay's fast path (``patched_replay``); None: each replay takes ``replayed``
+        self.one: Any = None
+        # FXFLOPS_REPLAY_SAMPLE_EVERY as the graph was captured (see the module's text)
+        self.every = every
+        # the clock's count of replays (``CudaClock.replays``), counted by the fast path
+        self.replays: Any = replays if replays is not None else CallCounter()
         # split calls (``_Split``) that start in this graph, and those that end in it
         self.opens: list[_Split] = []
         self.closes: list[_Split] = []
@@ -190,6 +234,11 @@ class CudaClock:
         self.pools: dict[int, list[_Pending]] = {}  # read pairs, for reuse, per device
         self.dropped = 0  # samples given up past max_in_flight
         self.queued = 0  # pairs queued so far (each pair's ``seq``)
+        # the last pair found unfinished at the head of the queue: (its seq, ``queued``
+        # then); a chosen replay asks it again only REREAD_AFTER pairs later
+        self.stalled = (0, 0)
+        # the chosen replays' strides (under the lock: see the module's text)
+        self.rng = random.Random(REPLAY_SEED)
         self.capturing = 0  # captures in progress, in any thread
         self.captures: list[CapturedGraph] = []  # ... and their graphs
         self.unowned: list[tuple[Any, Any]] = []  # captured pairs no capture could be found for
@@ -250,6 +299,7 @@ class CudaClock:
                 idle = not self.pending  # every earlier pair has run: the device waits
             token = self._take(device)
             token.row, token.thread, token.idle, token.shared = row, me, idle, False
+            token.halves = 2
             if not bracket:
                 for other in self.open:  # another thread's call open on this device
                     if other.device == device and other.thread != me:
@@ -282,29 +332,43 @@ class CudaClock:
         return _Pending(self.cuda.Event(enable_timing=True),
                         self.cuda.Event(enable_timing=True), None, device)
 
-    def time_replay(self, row: Any, device: int, replay: Any, graph: Any, args: Any,
-                    kwargs: Any) -> Any:
-        """A replay of a graph holding one call (vLLM's piecewise graphs) in a pooled
-        pair, with one trip through the lock: the call counted and its pair queued before
-        the replay, *armed* (readable) once its end is recorded after it. (The serving
-        loop's hottest path: written flat, see benchmarks/gpu_overhead.py.)"""
+    def replay_chosen(self, entry: CapturedGraph, row: Any, n: int, replay: Any, graph: Any,
+                      args: Any, kwargs: Any) -> Any:
+        """Replay ``n`` (counted) of a graph holding one call (vLLM's piecewise graphs),
+        which has reached its row's ``due``: chosen and timed in a pooled pair, with one
+        trip through the lock: its pair queued before the replay, *armed* (readable) once
+        its end is recorded after it. Where another thread's replay took this stretch
+        first (``SizeStats.choose``), it runs as one not due. (The serving loop's hottest
+        timed path: written flat, see benchmarks/gpu_overhead.py.)"""
+        device = entry.device
         with self.lock:
-            pending = self.pending
-            idle = False
-            if not self.capturing:
-                if pending:
-                    self._read_finished()
-                idle = not pending
-            pool = self.pools.get(device)
-            token = pool.pop() if pool else self._take(device)
-            token.row, token.idle, token.shared, token.armed = row, idle, False, False
-            next(row.calls)  # counted as it is made
-            if len(pending) >= self.max_in_flight:
-                pending.popleft().row.add_lost()
-                self.dropped += 1
-            self.queued += 1
-            token.seq = self.queued
-            pending.append(token)
+            every = entry.every
+            if every == 1 or n + 1 < config.MIN_TIMED_FIRST:
+                stride = 1
+            else:  # uniform from every - every // 2 to every + every // 2: mean ``every``
+                low = every - every // 2
+                stride = low + int(self.rng.random() * (2 * (every - low) + 1))
+            halves = row.choose(n, stride)
+            if halves:
+                pending = self.pending
+                idle = False
+                if not self.capturing:
+                    if pending and (pending[0].seq != self.stalled[0]
+                                    or self.queued - self.stalled[1] >= REREAD_AFTER):
+                        self._read_finished()
+                    idle = not pending
+                pool = self.pools.get(device)
+                token = pool.pop() if pool else self._take(device)
+                token.row, token.idle, token.shared, token.armed = row, idle, False, False
+                token.halves = halves
+                if len(pending) >= self.max_in_flight:
+                    pending.popleft().row.add_lost()
+                    self.dropped += 1
+                self.queued += 1
+                token.seq = self.queued
+                pending.append(token)
+        if not halves:
+            return replay(graph, *args, **kwargs)
         ended = False
         try:
             token.start.record()
@@ -336,6 +400,7 @@ class CudaClock:
                 continue
             try:
                 if not token.end.query():
+                    self.stalled = (token.seq, self.queued)
                     break
                 ns = int(token.start.elapsed_time(token.end) * 1e6)
             except RuntimeError as e:  # (an event CUDA cannot read: its sample is lost)
@@ -347,7 +412,7 @@ class CudaClock:
                 continue
             pending.popleft()
             token.row.add_late(ns, token.idle and ns <= HOST_BOUND * token.host_ns,
-                               token.shared)
+                               token.shared, token.halves)
             self.pools.setdefault(token.device, []).append(token)
             done += 1
         return done
@@ -395,6 +460,9 @@ class CudaClock:
                 first.opens.append(split)
                 last.closes.append(split)
                 first.active = last.active = True
+                # (a replay of either must open or close the split's pair from now on:
+                # not the fast path, whatever its earlier replays took)
+                first.one = last.one = None
         return out
 
     def _capture_of_call(self) -> CapturedGraph | None:
@@ -437,18 +505,47 @@ class CudaClock:
             return capture_end
 
         def wrap_replay(replay: Any) -> Any:
-            def patched_replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
-                # (the entry on the graph itself: one attribute read, where a weak-keyed
-                # lookup would make a weak reference per replay)
-                entry = getattr(graph, "_fxflops_entry", None)
-                if entry is None and not hasattr(graph, "__dict__"):
-                    entry = _CLOCKS[graph_cls].graphs.get(graph)
-                if entry is None or not entry.active:
-                    return replay(graph, *args, **kwargs)
-                return _CLOCKS[graph_cls].replayed(entry, replay, graph, args, kwargs)
+            # The serving loop's hottest code (the module's "Sampled replays"): a served
+            # replay of a piecewise graph is counted, exactly under threads (two C calls,
+            # no lock), and runs with nothing else unless its row's next sample is due.
+            # The graph's entry is an attribute of the graph (the class's None where
+            # fxflops captured nothing in it): a weak-keyed lookup would make a weak
+            # reference per replay. Everything else is ``replayed_any``'s.
 
-            return patched_replay
+            def patched_replay(graph: Any) -> Any:
+                # (torch's replay() takes no arguments, nor does this: taking and passing
+                # on ``*args, **kwargs`` costs about 400 instructions a replay)
+                entry = graph._fxflops_entry
+                if entry is not None:
+                    row = entry.one
+                    if row is not None and not _WARMUPS:
+                        next(entry.replays)
+                        n = next(row.calls)
+                        if n < row.due:
+                            return replay(graph)
+                        return _CLOCKS[graph_cls].replay_chosen(entry, row, n, replay, graph,
+                                                                (), {})
+                return _CLOCKS[graph_cls].replayed_any(graph, entry, replay, (), {})
 
+            def patched_replay_with(graph: Any, *args: Any, **kwargs: Any) -> Any:
+                # (the same, for a replay() that takes arguments)
+                entry = graph._fxflops_entry
+                if entry is not None:
+                    row = entry.one
+                    if row is not None and not _WARMUPS:
+                        next(entry.replays)
+                        n = next(row.calls)
+                        if n < row.due:
+                            return replay(graph, *args, **kwargs)
+                        return _CLOCKS[graph_cls].replay_chosen(entry, row, n, replay, graph,
+                                                                args, kwargs)
+                return _CLOCKS[graph_cls].replayed_any(graph, entry, replay, args, kwargs)
+
+            return patched_replay if _takes_nothing(replay) else patched_replay_with
+
+        # (a graph fxflops captured nothing in reads this: an attribute, never an error)
+        if "_fxflops_entry" not in vars(graph_cls):
+            graph_cls._fxflops_entry = None
         patch_method(graph_cls, "capture_begin", "capture", wrap_begin)
         patch_method(graph_cls, "capture_end", "capture", wrap_end)
         patch_method(graph_cls, "replay", "capture", wrap_replay)
@@ -459,7 +556,8 @@ class CudaClock:
         try:
             # (the stream torch captures on: this thread's current one)
             entry = CapturedGraph(self.cuda.current_device(), self.cuda.current_stream(),
-                                  threading.get_ident())
+                                  threading.get_ident(), config.REPLAY_SAMPLE_EVERY.get(),
+                                  self._replays)
             entry.graph = weakref.ref(graph)
             with self.lock:
                 self.graphs[graph] = entry
@@ -494,10 +592,22 @@ class CudaClock:
                     self.captures.remove(entry)
             self.capturing = max(0, self.capturing - 1)
 
+    def replayed_any(self, graph: Any, entry: CapturedGraph | None, replay: Any, args: Any,
+                     kwargs: Any) -> Any:
+        """A replay the wrapper's fast path does not take: a graph of no instrumented
+        call (run as it is), one whose entry is not on the graph (a class without a
+        ``__dict__``: looked up here), one replayed in a warm-up phase, or one that needs
+        more than a count (``replayed``)."""
+        if entry is None and not hasattr(graph, "__dict__"):
+            entry = self.graphs.get(graph)
+        if entry is None or not entry.active:
+            return replay(graph, *args, **kwargs)
+        return self.replayed(entry, replay, graph, args, kwargs)
+
     def replayed(self, entry: CapturedGraph, replay: Any, graph: Any, args: Any,
                  kwargs: Any) -> Any:
         """One replay: its calls counted in the current phase's rows, and timed."""
-        stack = phases._PHASES
+        stack = _WARMUPS
         phase = stack[-1] if stack else phases.SERVING
         next(self._replays)  # (one C call: exact when threads replay at once)
         for split in entry.opens:  # split calls starting here: their pairs open first
@@ -511,8 +621,16 @@ class CudaClock:
             rows = entry.rows.get(phase) or entry.rows_in(phase)
             for i in entry.runtime:  # run-time costs (vLLM attention) of this step
                 charge_runtime(rows[i])
-            if len(rows) == 1:
-                out = self.time_replay(rows[0], entry.device, replay, graph, args, kwargs)
+            if len(rows) == 1:  # (vLLM's piecewise graphs: sampled, see the module's text)
+                row = rows[0]
+                if phase == phases.SERVING and not (entry.runtime or entry.opens
+                                                    or entry.closes):
+                    entry.one = row  # its next served replays take the fast path
+                n = next(row.calls)  # counted as it is made
+                if n < row.due:
+                    out = replay(graph, *args, **kwargs)
+                else:
+                    out = self.replay_chosen(entry, row, n, replay, graph, args, kwargs)
             else:
                 with self.lock:
                     self._read_last_replay(entry)
@@ -659,6 +777,18 @@ class CudaClock:
 
 # by CUDA-graph class: torch.cuda.CUDAGraph (tests use a simulator's)
 _CLOCKS: dict[Any, CudaClock] = {}
+
+
+def _takes_nothing(method: Any) -> bool:
+    """Whether ``method`` (a class's, unbound) takes no argument but its instance."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # (no signature to read: take any arguments)
+        return False
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                   params[0].POSITIONAL_OR_KEYWORD)
 
 
 def clock(cuda: Any = None) -> CudaClock:

@@ -1,9 +1,16 @@
 """Per (graph, size) statistics with bounded memory, and what they mean.
 
 The hot path counts every call and times a sample of them (``InstrumentedGraph``: every
-call at first, then one in ``FXFLOPS_SAMPLE_EVERY``: ``note``); a sample is a sum and one
-slot of a fixed-size ring buffer. Medians and percentiles are computed when a report is
-made, never per call.
+call at first, then one in ``FXFLOPS_SAMPLE_EVERY``: ``note``; a CUDA graph's replays: its
+first ones, then one in ``FXFLOPS_REPLAY_SAMPLE_EVERY`` at random strides: ``choose``); a
+sample is a sum and one slot of a fixed-size ring buffer. Medians and percentiles are
+computed when a report is made, never per call.
+
+**Chosen, timed, lost.** A call picked to be timed is *chosen*: a sampled one (the CPU
+clock's, a CUDA graph's replay), or each call where every one is timed (eager CUDA calls, a
+FULL graph's replays); its sample either comes (``timed``) or never does (``lost``); until
+then it is in flight, so that ``timed + lost <= chosen <= count``, equal once every sample
+is in.
 
 **Counts exact under threads.** A row's calls are numbered by a counter whose ``next()``
 is one C call (``itertools.count``): under the GIL no other thread runs inside it, so
@@ -67,7 +74,8 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "lock", "calls", "bulk", "host_bound", "shared", "on_device", "__weakref__")
+                 "due", "lock", "calls", "bulk", "host_bound", "shared", "on_device", "chosen",
+                 "last_chosen", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -87,7 +95,8 @@ class SizeStats:
         self.calls = CallCounter()
         self.bulk = 0
         # the samples' sum, each times the calls it stands for: itself, or under the CPU
-        # clock's sampling itself and the calls after it left untimed (``note``);
+        # clock's sampling itself and the calls after it left untimed (``note``), or under
+        # a replay's sampling half the stretch before it and half the one after (``choose``);
         # it only grows (a Prometheus counter)
         self.total_ns = 0
         # preallocated once per size: adding a sample is one store, no growth, no branch
@@ -105,6 +114,11 @@ class SizeStats:
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
+        # calls picked to be timed (see the module's text): ``timed + lost`` once read
+        self.chosen = 0
+        # a replayed row's sampling (``choose``): the number of the last call chosen (its
+        # samples' weights are the stretches between chosen calls); its next is ``due``
+        self.last_chosen = -1
         # of the samples taken by CUDA events: those paced by the host's launches (the
         # device idle at the call's start, its time no longer than the host's launching),
         # and those shared with another thread's call open on the device at the same time
@@ -142,6 +156,7 @@ class SizeStats:
         before it is counted (a reader never sees a call without its sample)."""
         with self.lock:
             self._sample(ns)
+            self.chosen += 1
             next(self.calls)
 
     def note(self, ns: int, n: int, first: int, every: int) -> None:
@@ -156,6 +171,7 @@ class SizeStats:
             t = self.timed
             self.window[t % self.cap] = ns
             self.timed = t + 1
+            self.chosen += 1
             due = n + 1 if n + 1 < first else (n // every + 1) * every
             if due > self.due:
                 self.total_ns += ns * (due - self.due)
@@ -164,30 +180,55 @@ class SizeStats:
     # --- calls timed later (CUDA events): counted when made, timed when read ----------
 
     def add_call(self) -> None:
-        """A call made whose time arrives later (``add_late``), or never (``add_lost``)."""
+        """A call made and chosen, whose time arrives later (``add_late``), or never
+        (``add_lost``)."""
         next(self.calls)
+        with self.lock:
+            self.chosen += 1
 
     def add_calls(self, n: int) -> None:
-        """``n`` calls made whose times arrive later, or never (a CUDA graph's replays,
-        counted at a collection)."""
+        """``n`` calls made and chosen, whose times arrive later, or never (a CUDA graph's
+        replays, counted at a collection)."""
         with self.lock:
             self.bulk += n
+            self.chosen += n
 
-    def add_late(self, ns: int, host_bound: bool = False, shared: bool = False) -> None:
+    def choose(self, n: int, stride: int) -> int:
+        """Call ``n`` (numbered as it was made: ``next(row.calls)``), which has reached
+        ``due``: chosen to be timed, and the next due ``stride`` calls on (a CUDA graph's
+        replays: the clock draws the stride). Returns what its sample stands for, in half
+        calls: half the stretch since the last chosen call and half the stride, so that
+        the samples' weights add up to the middle of the stretch the calls are in, where
+        the count is on average (``total_ns`` neither runs ahead of the calls, as a whole
+        next stride would, nor behind them); 2 (one call) where every call is chosen.
+        0: not chosen (another thread's call took this stretch first: ``due`` moved past
+        ``n`` meanwhile)."""
+        with self.lock:
+            if n < self.due:
+                return 0
+            halves = n - self.last_chosen + stride
+            self.last_chosen = n
+            self.due = n + stride
+            self.chosen += 1
+            return halves
+
+    def add_late(self, ns: int, host_bound: bool = False, shared: bool = False,
+                 halves: int = 2) -> None:
         """The sample of a call counted by ``add_call`` (or about to be: a replay's
         sample may be read before its count is collected); whether the host paced it, and
-        whether another thread's call shared its time (see ``host_bound``, ``shared``)."""
+        whether another thread's call shared its time (see ``host_bound``, ``shared``);
+        ``halves``: the calls it stands for, in halves (``choose``; 2: itself)."""
         with self.lock:
-            self._sample(ns)
+            self._sample(ns, halves)
             self.host_bound += host_bound
             self.shared += shared
             self.on_device = True
 
-    def _sample(self, ns: int) -> None:
+    def _sample(self, ns: int, halves: int = 2) -> None:
         """(Under the lock.)"""
         n = self.timed
         self.window[n % self.cap] = ns
-        self.total_ns += ns
+        self.total_ns += ns if halves == 2 else ns * halves // 2
         self.timed = n + 1
 
     def add_lost(self) -> None:
@@ -202,7 +243,7 @@ class SizeStats:
         with self.lock:
             return (self.count, self.total_ns, self.timed, self.lost, self.runtime_flops,
                     self.runtime_bytes, self.runtime_calls, self.captured, self.host_bound,
-                    self.shared)
+                    self.shared, self.chosen)
 
     def merge_from(self, other: SizeStats, since: tuple[int, ...] | None = None
                    ) -> tuple[int, ...]:
@@ -218,8 +259,8 @@ class SizeStats:
             samples = [other.window[i % other.cap] for i in range(first, now[2])]
             groups = other.runtime_groups
         then = since or (0,) * len(now)
-        count, total, timed, lost, flops, nbytes, calls, captured, host_bound, shared = (
-            a - b for a, b in zip(now, then))
+        (count, total, timed, lost, flops, nbytes, calls, captured, host_bound, shared,
+         chosen) = (a - b for a, b in zip(now, then))
         with self.lock:
             base = self.timed + timed - len(samples)  # the slots of the samples kept
             for i, ns in enumerate(samples):
@@ -228,6 +269,7 @@ class SizeStats:
             self.total_ns += total
             self.bulk += count
             self.lost += lost
+            self.chosen += chosen
             self.runtime_flops += flops
             self.runtime_bytes += nbytes
             self.runtime_calls += calls
@@ -245,9 +287,9 @@ class SizeStats:
 
     @property
     def awaiting(self) -> int:
-        """A row timed by CUDA events: calls counted whose sample has not come yet (and
-        may still). (Under the CPU clock, calls the sampling left untimed.)"""
-        return max(0, self.count - self.timed - self.lost)
+        """Calls chosen whose sample has not come yet, and may still (CUDA events time a
+        call after it is counted)."""
+        return max(0, self.chosen - self.timed - self.lost)
 
 
     def note_scheduled(self, tokens: int) -> None:
