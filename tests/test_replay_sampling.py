@@ -147,6 +147,12 @@ def test_every_replay_counted_a_sample_timed(sim, monkeypatch, every):
         assert r.timed + r.lost == r.chosen and r.timed >= 0.9 * r.chosen, (r.timed, r.lost,
                                                                              r.chosen)
         assert r.awaiting == 0
+        # the report's row says what its median rests on: chosen, timed, lost
+        from fxflops.report.figures import row_figures
+
+        fig = row_figures(r, {})
+        assert (fig["chosen_calls"], fig["timed_calls"], fig["lost_samples"], fig["calls"]) \
+            == (r.chosen, r.samples_taken, r.lost, STEPS)
     assert sim.violations == []
 
 

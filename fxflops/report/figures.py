@@ -76,7 +76,8 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     recomputed only when the row changed since they were last made (a flush of thousands
     of sizes redoes only those that ran since the last one)."""
     cost = cost or row.cost
-    stamp = (row.count, row.samples_taken, row.lost, row.runtime_calls, row.shared, cost,
+    stamp = (row.count, row.chosen, row.samples_taken, row.lost, row.runtime_calls, row.shared,
+             cost,
              peak.get("tflops"), peak.get("gbps"))
     cached = _FIGURES.get(row)
     if cached is not None and cached[0] == stamp:
@@ -92,9 +93,12 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     recomputed_matmul = cost.recomputed_matmul_flops if cost else 0
     fig: RowFigures = {
         "size": row.size, "key": list(row.key), "calls": row.count,
-        # calls timed (CUDA events time a call after it is counted), and calls whose time
-        # never came (dropped past the in-flight cap, or a replay read too late)
-        "timed_calls": row.samples_taken, "lost_samples": row.lost,
+        # calls chosen to be timed (every call of a size's first, then a sample; CUDA-graph
+        # replays: FXFLOPS_REPLAY_SAMPLE_EVERY), those timed (CUDA events time a call after
+        # it is counted: what the median rests on), and those whose time never came
+        # (dropped past the in-flight cap, or a replay read too late): timed + lost = chosen
+        # once nothing is in flight
+        "chosen_calls": row.chosen, "timed_calls": row.samples_taken, "lost_samples": row.lost,
         "total_ms": row.total_ns / 1e6, "median_ms": pct["median_ms"],
         "p10_ms": pct["p10_ms"], "p90_ms": pct["p90_ms"],
         "flops": int(flops), "matmul_flops": int(matmul), "runtime_flops": int(runtime_flops),

@@ -37,7 +37,7 @@ _TOTALS = ("total_flops", "total_matmul_flops", "total_bytes", "total_runtime_fl
            "total_runtime_bytes")
 # calls timed, and calls whose time never came: added like the calls over shards and
 # replicas (a pipeline's row counts batches through every stage: they are left out)
-_COUNTS = ("timed_calls", "lost_samples")
+_COUNTS = ("chosen_calls", "timed_calls", "lost_samples")
 # a row timed by CUDA events: its samples paced by the host, and shared (added likewise)
 _DEVICE_COUNTS = ("host_bound_calls", "shared_calls")
 _TIMES = ("median_ms", "p10_ms", "p90_ms")

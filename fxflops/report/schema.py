@@ -45,6 +45,7 @@ class _RowFiguresAlways(Throughput):
     size: int | str
     key: list[int]
     calls: int
+    chosen_calls: int
     timed_calls: int
     lost_samples: int
     total_ms: float
@@ -187,7 +188,7 @@ _ROW_OPTIONAL: dict[str, tuple[type, ...]] = {
     "total_runtime_flops": _NUMBER, "total_runtime_bytes": _NUMBER,
     "scheduled_tokens": _NUMBER, "padding_tokens": _NUMBER, "padding_share": _NUMBER,
     "padding_flops_share": _NUMBER, "padding_ms": _NUMBER, "scheduled": (dict,),
-    "captured": (int,), "timed_calls": (int,), "lost_samples": (int,),
+    "captured": (int,), "timed_calls": (int,), "lost_samples": (int,), "chosen_calls": (int,),
     "time_bound": (str,), "host_bound_calls": (int,), "shared_calls": (int,),
     "estimated_flops": _NUMBER, "backward_passes": (int,), "kernels": (list,),
     "kernels_profile": (dict,),
