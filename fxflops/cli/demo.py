@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
                              + ", ".join(map(str, first.cost.symbol_sources))))
     rec.flush()  # this run's one report under --out, and the per-size graph dumps
     path = rec.default_path()
-    missed = (" plus the CPU SDPA FLOPs its registry misses" if sdpa_missed else
-              ", CPU SDPA by its own formula")
-    console.print(f"FlopCounterMode column: torch's count of the same model run eagerly{missed}."
+    # (one sentence on every torch: what is added is what this torch's registry misses)
+    console.print("FlopCounterMode column: torch's count of the same model run eagerly, plus "
+                  "the matmul FLOPs of ops its registry misses (CPU SDPA, before torch 2.15)."
                   f" {'All match.' if ok else 'MISMATCH'}")
     console.print(escape(f"report: {path}  graphs: {os.path.join(args.out, 'graphs')}/  "
                          f"({elapsed:.1f} s, compile included)"))
