@@ -27,6 +27,7 @@ from fxflops import config
 from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
 from tests.cuda_sim import CudaSim
+from tests.test_timing import Record  # (a captured call's record: its row in a phase)
 
 PIECES, STEPS, EVERY, FIRST = 60, 640, 32, config.MIN_TIMED_FIRST
 
@@ -38,21 +39,6 @@ def sim():
     yield simulator
     cuda_events._CLOCKS.pop(simulator.CUDAGraph, None)
 
-
-class Record:
-    """The part of a graph record a captured call needs: its row in a phase."""
-
-    runtime_kinds = ()
-
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, int], SizeStats] = {}
-
-    def row_in(self, phase: str, key: int) -> SizeStats:
-        return self.rows.setdefault((phase, key), SizeStats((key,), key))
-
-    @property
-    def serving(self) -> SizeStats:
-        return self.rows[(phases.SERVING, 8)]
 
 
 @dataclass
