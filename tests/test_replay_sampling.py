@@ -26,8 +26,8 @@ import pytest
 from fxflops import config
 from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
+from tests import test_timing
 from tests.cuda_sim import CudaSim
-from tests.test_timing import Record  # (a captured call's record: its row in a phase)
 
 PIECES, STEPS, EVERY, FIRST = 60, 640, 32, config.MIN_TIMED_FIRST
 
@@ -39,6 +39,14 @@ def sim():
     yield simulator
     cuda_events._CLOCKS.pop(simulator.CUDAGraph, None)
 
+
+
+class Record(test_timing.Record):
+    """test_timing's record of a captured call, with its serving row at the size served."""
+
+    @property
+    def serving(self) -> SizeStats:
+        return self.rows[(phases.SERVING, 8)]
 
 
 @dataclass
