@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
@@ -25,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from fxflops.cost import (
     formulas,  # noqa: F401 (imported: the built-ins registered)
+    higher_order,
     registry,
 )
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError, symbol_sources
@@ -162,6 +164,10 @@ def _is_direct_op(target: Any) -> bool:
     return isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
 
 
+def _is_higher_order(target: Any) -> bool:
+    return isinstance(target, torch._ops.HigherOrderOperator)
+
+
 class CostAnalysis:
     """Walks a graph once; ``run()`` fills ``node.meta["fxflops"]`` and returns a GraphCost."""
 
@@ -288,9 +294,23 @@ class CostAnalysis:
                     order.setdefault(str(size.node.expr), len(order))
         return lambda s: (order.get(str(s), len(order)), str(s))
 
+    def _subgraph(self, node: Any) -> torch.fx.GraphModule | None:
+        """The module a ``get_attr`` node names, if it is a subgraph (a HOP's body)."""
+        if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+            return None
+        try:
+            found = self.gm.get_submodule(str(node.target))
+        except AttributeError:
+            return None
+        return found if isinstance(found, torch.fx.GraphModule) else None
+
+    def _value(self, node: Any) -> Any:
+        """A node's example value; a subgraph's module for a HOP's body."""
+        return self._subgraph(node) or _val(node)
+
     def node_cost(self, node: torch.fx.Node) -> NodeCost:
         target: Any = node.target
-        args, kwargs = map_aggregate(node.args, _val), map_aggregate(node.kwargs, _val)
+        args, kwargs = map_aggregate(node.args, self._value), map_aggregate(node.kwargs, _val)
         if target in _AUTO_FUNCTIONALIZED and target is not None:
             target, args, kwargs = args[0], (), {k: v for k, v in kwargs.items()
                                                 if not k.startswith("_")}
@@ -303,14 +323,19 @@ class CostAnalysis:
             return cost
         returns_nothing = _is_direct_op(target) and not _unwrap_overload(target)._schema.returns
         if (not _has_val(node) and not returns_nothing) or any(
-                not _has_val(a) for a in node.all_input_nodes):
+                not _has_val(a) and self._subgraph(a) is None for a in node.all_input_nodes):
             cost.uncounted, cost.error = (name,), "no shape metadata"
             warn_once(f"nometa:{name}", "fxflops: node %s (%s) has no shape metadata; "
                       "counted as 0", node.name, name)
             return cost
+        if node.op == "call_function" and _is_higher_order(target) and \
+                registry.formula_for(name) is None:
+            return self._higher_order_cost(node, name, args, kwargs, cost)
         tally = _OpTally()
         try:
-            if node.op == "call_function" and _is_direct_op(target):
+            if node.op == "call_function" and _is_higher_order(target):
+                tally.add(target, args, kwargs, _val(node))  # its formula (flex attention)
+            elif node.op == "call_function" and _is_direct_op(target):
                 overload = _unwrap_overload(target)
                 args, kwargs = _positional(overload, args, kwargs)
                 tally.add(overload, args, kwargs, _val(node))
@@ -346,6 +371,68 @@ class CostAnalysis:
             cost.runtime_layer = rc.layer
         return cost
 
+    def _higher_order_cost(self, node: torch.fx.Node, name: str, args: Any, kwargs: Any,
+                           cost: NodeCost) -> NodeCost:
+        """A HOP node: the subgraphs it runs (``cost.higher_order``), each costed by this
+        pass on the node's operands, times the runs; its bytes are its own inputs' and
+        outputs'. A HOP with no entry there is named once and counted as 0."""
+        handler = higher_order.handler_for(name)
+        if handler is None:
+            cost.uncounted, cost.error = (name,), "no cost for this higher-order op"
+            warn_once(f"hop:{name}", "fxflops: no cost for the higher-order op %s (node %s); "
+                      "counted as 0", name, node.name)
+            return cost
+        try:
+            runs = handler(args, kwargs)
+            if runs.branches is not None:
+                flops, matmul, uncounted, note = self._branches_cost(runs)
+            else:
+                subs = [self._cost_of(gm, operands) for gm, operands in runs.calls]
+                times = to_count(runs.times)
+                flops = total([total([s.flops for s in subs]) * times])
+                matmul = total([total([s.matmul_flops for s in subs]) * times])
+                uncounted = tuple(op for s in subs for op in s.uncounted)
+                note = runs.note
+            cost.bytes = to_count(sum(_tensor_bytes((args, kwargs, _val(node)))))
+        except Exception as e:  # a subgraph that cannot be costed must not stop the analysis
+            cost.uncounted, cost.error = (name,), f"{type(e).__name__}: {e}"
+            warn_once(f"error:{name}", "fxflops: could not cost %s (%s): %s", node.name, name, e)
+            return cost
+        cost.flops, cost.matmul_flops, cost.uncounted = flops, matmul, uncounted
+        if note:
+            cost.note = note
+            warn_once(f"hopnote:{name}", "fxflops: %s (node %s)", note, node.name)
+        return cost
+
+    def _cost_of(self, gm: torch.fx.GraphModule, operands: Sequence[Any]) -> GraphCost:
+        """A HOP's subgraph costed on ``operands`` (the same pass, the same symbols)."""
+        return CostAnalysis(gm, list(operands), self.backward).run()
+
+    def _branches_cost(self, runs: higher_order.Runs) -> tuple[Any, Any, tuple[str, ...],
+                                                                 str | None]:
+        """A ``cond``: the branch the predicate picks where it is known from the sizes (a
+        constant, or a Piecewise of the size symbols); else the larger of each class."""
+        assert runs.branches is not None
+        (t_gm, t_ops), (f_gm, f_ops) = runs.branches
+        t, f = self._cost_of(t_gm, t_ops), self._cost_of(f_gm, f_ops)
+        uncounted = tuple(t.uncounted) + tuple(f.uncounted)
+        pred = runs.pred
+        if isinstance(pred, torch.SymBool):
+            known = pred.node.maybe_as_bool()
+            pred = known if known is not None else pred.node.expr
+        if isinstance(pred, bool):
+            picked = t if pred else f
+            return picked.flops, picked.matmul_flops, uncounted, None
+        if isinstance(pred, sympy.Basic):
+            def either(a: Any, b: Any) -> Any:
+                return a if a == b else sympy.Piecewise((a, pred), (b, True))
+            return (either(t.flops, f.flops), either(t.matmul_flops, f.matmul_flops),
+                    uncounted, None)
+        note = "cond on tensor data: the larger branch counted (an upper bound)"
+        return (_larger(t.vector_flops, f.vector_flops) + _larger(t.matmul_flops,
+                                                                    f.matmul_flops),
+                _larger(t.matmul_flops, f.matmul_flops), uncounted, note)
+
     @staticmethod
     def _io_bytes(cost: NodeCost, node: torch.fx.Node, found: Any) -> None:
         """A node's ``registry.IO_BYTES`` result: bytes to add, partial reads of inputs."""
@@ -375,6 +462,13 @@ class CostAnalysis:
                               for k, v in {**dict(module.named_parameters()),
                                            **dict(module.named_buffers())}.items()}
                 torch.func.functional_call(module, fake_state, tuple(args), kwargs)
+
+
+def _larger(a: Any, b: Any) -> Any:
+    """The larger of two counts (symbolic: sympy's Max)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return sympy.Max(a, b)
 
 
 def _is_recomputed(node: torch.fx.Node) -> bool:
@@ -434,7 +528,7 @@ def _unwrap_overload(target: Any) -> Any:
 # the binder, the registry, the layer check and the builders tables are made of
 _COST_MODULES = (
     __name__, "fxflops.cost.graph_cost", "fxflops.cost.binder", "fxflops.cost.registry",
-    "fxflops.cost.layer_check", "fxflops.cost.formulas.builders")
+    "fxflops.cost.layer_check", "fxflops.cost.formulas.builders", "fxflops.cost.higher_order")
 
 
 def analysis_version() -> str:

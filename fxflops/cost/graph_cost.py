@@ -86,6 +86,9 @@ class NodeCost:
     # formula counted
     estimated: str | None = None
     estimated_ops: tuple[str, ...] = ()
+    # what its count is where it is not every call's exact work (a higher-order op's loop
+    # counted one iteration, a cond's larger branch: fxflops.cost.higher_order)
+    note: str | None = None
 
     @property
     def vector_flops(self) -> Count:
