@@ -24,6 +24,7 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "register_bytes": "fxflops.cost.analysis",
     "register_io_bytes": "fxflops.cost.analysis",
     "backend": "fxflops.instrument.backend",
+    "eager": "fxflops.instrument.eager",
     # the process's recorder (``recording.recorder``) with its outputs attached
     "recorder": ("fxflops.outputs.session", "session"),
     "reset_recorder": ("fxflops.outputs.session", "reset_session"),
@@ -33,7 +34,7 @@ _LAZY: dict[str, str | tuple[str, str]] = {
 }
 
 __all__ = [  # noqa: F822 (lazy: resolved by __getattr__)
-    "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "load_report", "peak", "recorder",
+    "CostAt", "GraphCost", "NodeCost", "analyze", "backend", "eager", "load_report", "peak", "recorder",
     "register_bytes", "register_formula", "register_io_bytes", "register_zero_flop",
     "reset_recorder", "scope",
 ]
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         register_zero_flop,
     )
     from fxflops.instrument.backend import backend
+    from fxflops.instrument.eager import eager
     from fxflops.outputs.session import reset_session as reset_recorder
     from fxflops.outputs.session import session as recorder
     from fxflops.report.files import load_report
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 
 # the names that count with every built-in formula: the engine-neutral ones (``cost``) and
 # every integration's (``integrations.load_formulas``, which imports no engine)
-_WITH_EVERY_FORMULA = {"analyze", "backend", "register_formula", "register_zero_flop",
+_WITH_EVERY_FORMULA = {"analyze", "backend", "eager", "register_formula", "register_zero_flop",
                        "register_bytes", "register_io_bytes"}
 
 

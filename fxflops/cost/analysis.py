@@ -49,7 +49,7 @@ from fxflops.util import meta_value as _val
 from fxflops.util import warn_once
 
 # Metadata queries FlopCounterMode lets through uncounted; so do we.
-_METADATA_OPS = {
+METADATA_OPS = {
     torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
     torch.ops.aten.sym_storage_offset.default, torch.ops.aten.is_contiguous.default,
     torch.ops.aten.stride.default, torch.ops.aten.size.default, torch.ops.aten.dim.default,
@@ -66,7 +66,7 @@ def _is_zero(count: Any) -> bool:
     return isinstance(count, int) and count == 0
 
 
-class _OpTally:
+class OpTally:
     """What the ops of one node add up to."""
 
     __slots__ = ("flops", "matmul_flops", "uncounted", "only_views", "runtime", "runtime_cost")
@@ -117,16 +117,16 @@ class _OpTally:
             self.uncounted.append(name)
 
 
-class _CountingMode(TorchDispatchMode):
+class CountingMode(TorchDispatchMode):
     """Counts aten ops the way ``FlopCounterMode`` does: decompose what has no formula."""
 
-    def __init__(self, tally: _OpTally) -> None:
+    def __init__(self, tally: OpTally) -> None:
         super().__init__()
         self.tally = tally
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if func in _METADATA_OPS:
+        if func in METADATA_OPS:
             return func(*args, **kwargs)
         if registry.op_name(func) not in registry.FORMULAS:
             with self:
@@ -331,7 +331,7 @@ class CostAnalysis:
         if node.op == "call_function" and _is_higher_order(target) and \
                 registry.formula_for(name) is None:
             return self._higher_order_cost(node, name, args, kwargs, cost)
-        tally = _OpTally()
+        tally = OpTally()
         try:
             if node.op == "call_function" and _is_higher_order(target):
                 tally.add(target, args, kwargs, _val(node))  # its formula (flex attention)
@@ -450,8 +450,8 @@ class CostAnalysis:
         cost.unread = tuple(unread)
 
     def _fake_run(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any,
-                  tally: _OpTally) -> None:
-        with self.fake_mode, _CountingMode(tally):
+                  tally: OpTally) -> None:
+        with self.fake_mode, CountingMode(tally):
             if node.op == "call_function":
                 target(*args, **kwargs)
             elif node.op == "call_method":

@@ -60,6 +60,9 @@ class GraphRecord:
         self.passes: BackwardPasses | None = None
         # the kernels Inductor made of it (fxflops.cost.kernels.KernelCost), when mapped
         self.kernels: list[Any] | None = None
+        # an uncompiled call's cost per shape class, counted from the ops it ran
+        # (``cost.census``, ``instrument.eager``): where there is no expression to evaluate
+        self.counted: dict[Any, CostAt] = {}
         self.max_sizes = config.MAX_SIZES.get()
         # calls at sizes past ``max_sizes``: counted and timed here, not per size
         self.overflow = SizeStats((), "overflow")
@@ -117,8 +120,10 @@ class GraphRecord:
             row.runtime_terms = list(like.runtime_terms)
         else:
             key = self.binder.as_tuple(raw_key)
-            binding = dict(zip(self.cost.symbols, key))
-            cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
+            cost = self.counted.get(raw_key)
+            if cost is None:
+                binding = dict(zip(self.cost.symbols, key))
+                cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
             row = SizeStats(key, size_label(key) if key else self.static_size, cost)
             row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
                                  for kind, layer, f, b in self._runtime_terms]

@@ -1,0 +1,129 @@
+"""``fxflops.eager(model)`` (fxflops/instrument/eager.py, fxflops/cost/census.py): an
+uncompiled model's calls counted from the ops they run, once per shape class, and timed per
+size in the same rows as compiled graphs', exact against FlopCounterMode and against the
+compiled path at the same size; outputs unchanged; a census failure said once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import fxflops
+from fxflops.cost import registry
+from tests import models
+
+
+def fcm(fn, inputs) -> int:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        for x in inputs:
+            fn(x)
+    return counter.get_total_flops()
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 16)).eval()
+
+
+def llama_eager_attention() -> torch.nn.Module:
+    # attention as matmuls, which FlopCounterMode counts on every torch (CPU SDPA it
+    # counts only from 2.15 on)
+    model = models.llama()
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def rows_of(graph_name: str) -> dict:
+    return {r["size"]: r for r in fxflops.recorder().stats() if r["graph"] == graph_name}
+
+
+def test_eager_rows_count_each_size_as_flop_counter_mode_and_time_it():
+    model = mlp()
+    counted = fxflops.eager(model)
+    inputs = [torch.randn(b, 32) for b in (2, 4, 4, 4, 2)]
+    with torch.no_grad():
+        for x in inputs:
+            assert torch.equal(counted(x), model(x))  # outputs unchanged
+    (graph,) = fxflops.recorder().graphs
+    rows = rows_of(graph.name)
+    assert set(rows) == {"2x32", "4x32"}
+    assert rows["2x32"]["calls"] == 2 and rows["4x32"]["calls"] == 3
+    for size, n in (("2x32", 2), ("4x32", 4)):
+        row = rows[size]
+        assert row["matmul_flops"] == fcm(model, [torch.randn(n, 32)]) > 0
+        assert row["flops"] == row["matmul_flops"] + n * 64  # GELU: one per element
+        # the census's call is counted, not timed (its time is the census's)
+        assert row["timed_calls"] == row["calls"] - 1
+    assert rows["4x32"]["median_ms"] > 0
+    assert set(graph.cost.by_module()) == {"0", "1", "2"}
+    assert set(graph.cost.by_op()) == {"aten::addmm", "aten::gelu"}
+
+
+def test_eager_and_compiled_agree_at_one_size_on_a_real_decoder():
+    model = llama_eager_attention()
+    ids = torch.randint(0, 128, (2, 24))
+    eager = fxflops.eager(model, name="eager_llama")
+    compiled = torch.compile(model, backend="fxflops")
+    with torch.no_grad():
+        out_eager = eager(ids).logits
+        assert torch.equal(out_eager, model(ids).logits)
+        compiled(ids)
+    graphs = fxflops.recorder().graphs
+    eager_row = next(r for r in fxflops.recorder().stats() if r["graph"] == "eager_llama")
+    compiled_rows = [r for r in fxflops.recorder().stats() if r["graph"] != "eager_llama"]
+    assert len(graphs) >= 2 and compiled_rows
+    reference = fcm(model, [ids])
+    assert eager_row["matmul_flops"] == reference > 0
+    assert sum(r["matmul_flops"] for r in compiled_rows) == reference
+    compiled_total = sum(r["flops"] for r in compiled_rows)
+    assert abs(eager_row["flops"] - compiled_total) <= 0.01 * compiled_total
+    # the per-module split: each decoder layer's projections
+    modules = next(g for g in graphs if g.name == "eager_llama").cost.by_module()
+    assert {"model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"} <= set(modules)
+
+
+def test_a_scope_sees_eager_calls_too():
+    model = mlp()
+    counted = fxflops.eager(model)
+    inside = [torch.randn(3, 32), torch.randn(5, 32), torch.randn(3, 32)]
+    with torch.no_grad():
+        counted(torch.randn(2, 32))
+        with fxflops.scope() as s:
+            for x in inside:
+                counted(x)
+    assert s.calls == 3
+    assert s.matmul_flops == fcm(model, inside)
+
+
+def test_a_census_failure_is_said_once_and_the_model_runs_on(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="fxflops")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("formula broke")
+
+    name = "aten::addmm"
+    monkeypatch.setitem(registry.FORMULAS, name,
+                        registry.Formula(broken, "matmul", None, False))
+    model = mlp()
+    counted = fxflops.eager(model)
+    with torch.no_grad():
+        for b in (2, 3, 3):
+            x = torch.randn(b, 32)
+            assert torch.equal(counted(x), model(x))
+    rows = rows_of(fxflops.recorder().graphs[0].name)
+    assert all(r["matmul_flops"] == 0 for r in rows.values()) and rows
+    said = [r for r in caplog.records if "could not count aten::addmm" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_a_model_error_is_the_models_own():
+    def fails(x):
+        raise ValueError("the model's own")
+
+    counted = fxflops.eager(fails)
+    with pytest.raises(ValueError, match="the model's own"):
+        counted(torch.randn(2))
