@@ -127,3 +127,42 @@ def test_a_model_error_is_the_models_own():
     counted = fxflops.eager(fails)
     with pytest.raises(ValueError, match="the model's own"):
         counted(torch.randn(2))
+
+
+# --- sizes from tensor data (unbacked: .item(), nonzero) --------------------------------
+
+class DataSized(torch.nn.Module):
+    """Sizes that come from tensor data: ``k = n.item(); x[:k]``, and a boolean mask
+    (``nonzero``), as MoE routing makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 48)
+
+    def forward(self, x, n):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= x.shape[0])
+        kept = x[x.sum(-1) > 0]
+        return self.linear(x[:k]), self.linear(kept)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_sizes_from_tensor_data_are_bound_from_the_outputs(monkeypatch, grad):
+    # grad: AOTAutograd's boxed forward (its argument list cleared by the inner)
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    model = DataSized()
+    compiled = torch.compile(model, backend="fxflops")
+    torch.manual_seed(1)
+    calls = [(torch.randn(8, 64), torch.tensor(k)) for k in (3, 5, 5, 2)]
+    with torch.set_grad_enabled(grad):
+        for x, n in calls:
+            out = compiled(x, n)
+            ref = model(x, n)
+            assert all(torch.allclose(a, b) for a, b in zip(out, ref))
+    assert not fxflops.recorder().uninstrumented
+    rows = fxflops.recorder().stats()
+    assert sum(r["calls"] for r in rows) == len(calls)
+    expected = sum(fcm(lambda c: model(*c), [c]) for c in calls)
+    assert sum(r["total_matmul_flops"] for r in rows) == expected > 0

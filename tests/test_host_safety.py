@@ -446,13 +446,15 @@ def test_double_backward_through_the_eager_inner_works_as_eager():
 
 
 def test_a_graph_it_cannot_instrument_is_in_the_report_with_its_calls(tmp_path, fxflops_log):
-    """A size read from tensor data (``.item()``: an unbacked symbol in no input's shape)."""
+    """A size read from tensor data (``.item()``: an unbacked symbol) that is in no input's
+    shape and no output's (a graph that returns such a tensor is bound from its outputs:
+    tests/test_eager.py)."""
     torch._dynamo.config.capture_scalar_outputs = True
     try:
         def f(x, n):
             k = n.item()
             torch._check(k > 0)
-            return torch.ones(k) * x.sum()
+            return (torch.ones(k) * x.sum()).sum()
 
         compiled = torch.compile(f, backend=fxflops.backend(inner="eager"))
         for k in (2, 3, 4):

@@ -86,10 +86,25 @@ class SizeBinder:
     ``()``. ``read(args)`` always gives the tuple, in ``symbols`` order.
     """
 
-    def __init__(self, sources: Sequence[tuple[str, int, int | None]]) -> None:
-        # (symbol name, argument index, dimension or None for an int argument)
+    def __init__(self, sources: Sequence[tuple[Any, ...]]) -> None:
+        # (symbol name, argument index, dimension or None for an int argument), in the
+        # symbols' order; a symbol read from what the call returns (a size that comes from
+        # tensor data, ``.item()``: unbacked) has a fourth item, ``"out"``, and its index is
+        # among the call's outputs, flattened
         self.sources = tuple(sources)
-        self.key = self._compile_key()
+        self.after = any(len(s) > 3 for s in self.sources)
+        self.key = _no_key if self.after else self._compile_key()
+
+    def key_after(self, args: Sequence[Any], out: Any) -> Any:
+        """(A binder with symbols read from the outputs: ``after``.) The key of a call
+        from its arguments and what it returned: every symbol's int, in order."""
+        flat = out if isinstance(out, (list, tuple)) else (out,)
+        values = []
+        for source in self.sources:
+            _, i, d = source[:3]
+            where = flat if len(source) > 3 else args
+            values.append(where[i] if d is None else where[i].size(d))
+        return values[0] if len(values) == 1 else tuple(values)
 
     def _compile_key(self) -> Callable[[Sequence[Any]], Any]:
         sources = [(i, d) for _, i, d in self.sources]
@@ -115,10 +130,13 @@ class SizeBinder:
 
     @classmethod
     def from_graph(cls, gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> SizeBinder:
-        found = input_places(gm, symbols)
+        found: dict[str, tuple[Any, ...]] = dict(input_places(gm, symbols))
+        for name, place in output_places(gm, symbols).items():
+            found.setdefault(name, (*place, "out"))
         missing = [str(s) for s in symbols if str(s) not in found]
         if missing:
-            raise UnboundSymbolError(f"size symbols {missing} appear in no input's shape")
+            raise UnboundSymbolError(f"size symbols {missing} appear in no input's or "
+                                     "output's shape")
         # in the order of ``symbols``: a key read at run time lines up with them
         return cls([(str(s), *found[str(s)]) for s in symbols])
 
@@ -131,6 +149,31 @@ def input_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
     wanted = {str(s) for s in symbols}
     found: dict[str, tuple[int, int | None]] = {}
     for index, node in enumerate(_placeholders(gm)):
+        val = meta_value(node)
+        sizes: list[tuple[int | None, Any]] = [(None, val)] if isinstance(val, torch.SymInt) \
+            else list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else []
+        for dim, size in sizes:
+            if isinstance(size, torch.SymInt):
+                name = str(size.node.expr)
+                if name in wanted and name not in found:
+                    found[name] = (index, dim)
+    return found
+
+
+def output_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
+                  ) -> dict[str, tuple[int, int | None]]:
+    """Where each symbol is read in what a call returns (the graph's outputs, flattened, as
+    a compiled graph returns them): its first output that carries it bare, and the
+    dimension (None: an int output). A size that comes from tensor data (``.item()``,
+    ``nonzero``) is in no input, and in an output wherever the graph returns a tensor of
+    that size."""
+    wanted = {str(s) for s in symbols}
+    found: dict[str, tuple[int, int | None]] = {}
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None or not output.args:
+        return found
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    for index, node in enumerate(values):
         val = meta_value(node)
         sizes: list[tuple[int | None, Any]] = [(None, val)] if isinstance(val, torch.SymInt) \
             else list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else []

@@ -107,8 +107,15 @@ def wrap_graph(compile_inner: Callable[[], Any], name: str, meta: dict[str, Any]
         try:
             if record.kernels is None and graph_plan.kernels is not None:
                 record.kernels = graph_plan.kernels  # an artifact's, loaded with its plan
-            return InstrumentedGraph(compiled, record, graph_plan,
-                                     clock_for(graph_plan.device), boxed=boxed, dynamo=dynamo,
+            clock = clock_for(graph_plan.device)
+            if record.binder.after:  # sizes from tensor data: read from the outputs
+                if clock is not CPU_CLOCK or record.runtime_kinds:
+                    raise NotInstrumentable("its sizes come from tensor data, read from its "
+                                            "outputs only on the CPU clock")
+                return OutputBoundGraph(compiled, record, graph_plan, clock, boxed=boxed,
+                                        dynamo=dynamo)
+            return InstrumentedGraph(compiled, record, graph_plan, clock, boxed=boxed,
+                                     dynamo=dynamo,
                                      kernels=kernels if graph_plan.kernels else None)
         except Exception as e:
             if host_raised(e):
@@ -327,6 +334,11 @@ class InstrumentedGraph(_Serializable):
     def _give_up(self, error: Exception, args: tuple[Any, ...]) -> Any:
         """fxflops failed on this graph: it runs on as compiled, its calls counted from
         now on, and the report names it and says why (``uninstrumented``)."""
+        self._stop(error)
+        return self._run(*args)
+
+    def _stop(self, error: Exception) -> None:
+        """(``_give_up``, for a call that ran already: counted in the entry.)"""
         reason = f"{type(error).__name__}: {error}"
         entry = recorder().register_uninstrumented(self.record.name, reason)
         # no row is read again: every call misses, and is counted in the entry
@@ -337,7 +349,6 @@ class InstrumentedGraph(_Serializable):
                   "(%s); it runs uninstrumented from now on, its calls counted", self.record.name,
                   reason)
         entry.count()
-        return self._run(*args)
 
     # --- SerializableCallable: the plan travels with the inner artifact ---------------
 
@@ -371,6 +382,35 @@ class InstrumentedGraph(_Serializable):
             return uninstrumented(inner, name, e)
         return wrap_graph(lambda: inner, name, meta, graph_plan=graph_plan,
                           kernels=kernels_setting())
+
+
+class OutputBoundGraph(InstrumentedGraph):
+    """A compiled graph whose size symbols come from tensor data (unbacked: ``.item()``,
+    ``nonzero``, a MoE's routing): its size is read from what the call returns
+    (``SizeBinder.key_after``), so its row is known only after the call. Every call reads
+    the CPU clock (two reads), is counted in its row and noted when a sample is due,
+    as ``InstrumentedGraph`` samples."""
+
+    def __call__(self, *args: Any) -> Any:
+        if self.entry is not None:
+            self.entry.count()
+            return self._run(*args)
+        # (boxed: the inner may clear the one list of arguments; a shallow copy is read)
+        inputs = list(args[0]) if self.boxed else args
+        t0 = now()
+        out = self._run(*args)
+        ns = now() - t0
+        try:
+            key = self.record.binder.key_after(inputs, out)
+            row = self._rows.get(key) or self.record.new_row(key)
+            n = next(row.calls)
+            if n >= row.due:
+                row.note(ns, n, self._first, self._every)
+        except Exception as e:
+            if host_raised(e):
+                raise
+            self._stop(e)
+        return out
 
 
 def _bound_call(run: Any) -> Any:
