@@ -210,6 +210,10 @@ def _print_run(console: Console, run_name: str, reports: list[dict[str, Any]],
         _print_steps(console, steps, multi)
     for rep in reports:
         for g in rep["graphs"]:
+            uncompiled = (g.get("meta") or {}).get("uncompiled")
+            if uncompiled:  # no graph compiled: its calls counted from the ops they ran
+                console.print(escape(f"{g['name']}: {uncompiled}; counted from the ops its "
+                                     "calls ran (a census per size)"))
             if g.get("uncounted"):
                 console.print("[yellow]" + escape(f"{g['name']}: uncounted ops (0 FLOPs): " + ", ".join(
                     f"{k} x{v}" for k, v in g["uncounted"].items())))

@@ -9,7 +9,7 @@ the ops it decomposes into (as ``FlopCounterMode`` does), counted on fake copies
 arguments. The real op always runs as it would without fxflops: the model's outputs are
 unchanged, and a formula that fails makes its op uncounted, never the call fail.
 
-A census costs a dispatch per op and is run once per shape class (``ShapeKey``); later
+A census costs a dispatch per op and is run once per shape class (``shape_class``); later
 calls of that class are only timed (``instrument.eager``). What it returns is a
 :class:`GraphCost` with plain ints, its nodes one per (op, module), as a compiled graph's
 are per node, so the report's per-op and per-module splits read it the same way.
@@ -45,16 +45,19 @@ def _nbytes(values: Any) -> int:
     return n
 
 
-class ShapeKey:
-    """A call's shape class: the shapes of its tensor arguments, in order (what a census
-    is kept by). ``key(args)``: of the positional arguments ``InstrumentedGraph`` is
-    called with, whose first is the call's ``(args, kwargs)``."""
+class CallKey:
+    """The size key of an uncompiled call, given with it: ``InstrumentedGraph`` is called
+    with one positional argument, ``(key, args, kwargs)``, so that reading the key is one
+    index (``key(args)``). A key is a shape class (``shape_class``) or a token count."""
 
-    def key(self, args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
-        return shape_class(args[0])
+    def key(self, args: Sequence[Any]) -> Any:
+        return args[0][0]
 
     def as_tuple(self, key: Any) -> tuple[int, ...]:
-        """Every dimension, in order: the row's size label (``2x128x64``)."""
+        """A token count, or every dimension of a shape class in order: the row's size
+        label (``8``, ``2x128x64``)."""
+        if isinstance(key, int):
+            return (key,)
         return tuple(d for shape in key for d in shape)
 
 
@@ -183,7 +186,7 @@ class Census(TorchDispatchMode):
             bytes_io=_nbytes((inputs, outputs, weights)),
             bytes_nodes=total([n.bytes for n in nodes]),
             symbols=(), nodes=nodes, uncounted=uncounted, num_nodes=self.ops,
-            binder=ShapeKey())  # type: ignore[arg-type]
+            binder=CallKey())  # type: ignore[arg-type]
 
 
 # one census at a time in a process: the forward hooks it installs are global

