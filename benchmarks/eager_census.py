@@ -73,22 +73,37 @@ def main() -> None:
             census = (time.perf_counter_ns() - t0) / 1e3
             ops = counted.record.cost.num_nodes if counted.record is not None else 0
             print(f"{n:>7} {base:>11.1f} {census:>10.1f} {census / base:>7.1f} {ops:>5}")
-        print("2. every later call: fxflops.eager against the bare model, blocks interleaved")
-        print(f"{'tokens':>7} {'bare us':>9} {'eager us':>9} {'+us':>7} {'ratio':>7}")
+        print("2. every later call: fxflops.eager against the bare model, blocks interleaved "
+              "(A/A: the bare model against itself, this machine's noise)")
+        print(f"{'tokens':>7} {'bare us':>9} {'eager us':>9} {'+us':>7} {'ratio':>7} "
+              f"{'A/A +us':>8}")
         for n in args.tokens:
             x = torch.randint(0, 1024, (1, n))
-            diffs, ratios, bares = [], [], []
+            diffs, ratios, bares, noise = [], [], [], []
+            block(counted, x, 300)  # past the size's first calls, each timed: the steady state
             for r in range(args.rounds):
-                order = [(model, "bare"), (counted, "eager")]
-                if r % 2:
-                    order.reverse()
+                order = [(model, "bare"), (counted, "eager"), (model, "again")]
+                for _ in range(r % 3):
+                    order.append(order.pop(0))
                 got = {name: block(fn, x, args.calls) for fn, name in order}
                 diffs.append(got["eager"] - got["bare"])
                 ratios.append(got["eager"] / got["bare"])
                 bares.append(got["bare"])
+                noise.append(got["again"] - got["bare"])
             bare = statistics.median(bares)
             print(f"{n:>7} {bare:>9.1f} {bare + statistics.median(diffs):>9.1f} "
-                  f"{statistics.median(diffs):>+7.1f} {statistics.median(ratios):>7.3f}")
+                  f"{statistics.median(diffs):>+7.1f} {statistics.median(ratios):>7.3f} "
+                  f"{statistics.median(noise):>+8.1f}")
+        # fxflops' own part, apart from the model: the same path around a callable that
+        # does nothing, against that callable
+        def nothing(x):
+            return x
+
+        idle = fxflops.eager(nothing, name="bench_nothing")
+        idle(x)
+        own = [block(idle, x, 20000) - block(nothing, x, 20000) for _ in range(args.rounds)]
+        print(f"3. fxflops' own cost per call (around a callable that does nothing): "
+              f"{statistics.median(own):+.2f} us")
 
 
 if __name__ == "__main__":

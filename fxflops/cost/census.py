@@ -61,9 +61,25 @@ class CallKey:
         return tuple(d for shape in key for d in shape)
 
 
-def shape_class(call: Any) -> tuple[tuple[int, ...], ...]:
-    """The shapes of every tensor in ``call`` (arguments, keyword arguments, nested)."""
-    return tuple(tuple(t.shape) for t in _tensors(call))
+def shape_class(call: Any) -> tuple[Any, ...]:
+    """The shapes of every tensor in ``call`` (``(args, kwargs)``, nested in lists, tuples
+    and dicts), in order: read on every call of an uncompiled model, so a plain walk (torch's
+    pytree costs about 10 us a call), each shape a ``torch.Size`` (a tuple)."""
+    found: list[Any] = []
+    _shapes(call[0], found)
+    if call[1]:
+        _shapes(call[1].values(), found)
+    return tuple(found)
+
+
+def _shapes(values: Any, found: list[Any]) -> None:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v.shape)
+        elif isinstance(v, (list, tuple)):
+            _shapes(v, found)
+        elif isinstance(v, dict):
+            _shapes(v.values(), found)
 
 
 class Census(TorchDispatchMode):

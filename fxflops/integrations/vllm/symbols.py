@@ -41,9 +41,11 @@ FEATURES: dict[str, Feature] = {
     "warm start (AOT artifact)": Feature(
         "mode 3's pieces loaded from vLLM's AOT compile cache at a warm start"),
     "whole forward (V1 runner)": Feature(
-        "each step's whole forward, attention from KV lengths (V1 runner)", {"0.34": _NO_V1}),
+        "each step's whole forward, attention from KV lengths; with nothing compiled (mode "
+        "NONE), its FLOPs counted from the ops it runs (V1 runner)", {"0.34": _NO_V1}),
     "whole forward (V2 runner)": Feature(
-        "each step's whole forward, attention from KV lengths (V2 runner)"),
+        "each step's whole forward, attention from KV lengths; with nothing compiled, timed "
+        "only (V2 runner)"),
     "attention from KV lengths": Feature(
         "attention's FLOPs and KV bytes from each step's real lengths (vLLM's forward "
         "context)"),
