@@ -146,18 +146,7 @@ def input_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
     """Where each symbol is read in a call's arguments: by name, the index of the first
     placeholder that carries it bare and its dimension (None: an int argument). A symbol in
     no input's shape is left out."""
-    wanted = {str(s) for s in symbols}
-    found: dict[str, tuple[int, int | None]] = {}
-    for index, node in enumerate(_placeholders(gm)):
-        val = meta_value(node)
-        sizes: list[tuple[int | None, Any]] = [(None, val)] if isinstance(val, torch.SymInt) \
-            else list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else []
-        for dim, size in sizes:
-            if isinstance(size, torch.SymInt):
-                name = str(size.node.expr)
-                if name in wanted and name not in found:
-                    found[name] = (index, dim)
-    return found
+    return _places([meta_value(n) for n in _placeholders(gm)], symbols)
 
 
 def output_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
@@ -167,14 +156,20 @@ def output_places(gm: torch.fx.GraphModule, symbols: Sequence[sympy.Symbol]
     dimension (None: an int output). A size that comes from tensor data (``.item()``,
     ``nonzero``) is in no input, and in an output wherever the graph returns a tensor of
     that size."""
-    wanted = {str(s) for s in symbols}
-    found: dict[str, tuple[int, int | None]] = {}
     output = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if output is None or not output.args:
-        return found
+        return {}
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
-    for index, node in enumerate(values):
-        val = meta_value(node)
+    return _places([meta_value(n) for n in values], symbols)
+
+
+def _places(values: Sequence[Any], symbols: Sequence[sympy.Symbol]
+            ) -> dict[str, tuple[int, int | None]]:
+    """The first of ``values`` (example values) that carries each symbol bare: its index
+    and dimension (None: the value is the SymInt itself)."""
+    wanted = {str(s) for s in symbols}
+    found: dict[str, tuple[int, int | None]] = {}
+    for index, val in enumerate(values):
         sizes: list[tuple[int | None, Any]] = [(None, val)] if isinstance(val, torch.SymInt) \
             else list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else []
         for dim, size in sizes:
