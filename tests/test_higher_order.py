@@ -276,3 +276,33 @@ def test_a_higher_order_op_with_no_cost_is_named_once_and_its_graph_runs(monkeyp
     named = [r for r in caplog.records
              if "no cost for the higher-order op higher_order::invoke_subgraph" in r.getMessage()]
     assert len(named) == 1
+
+
+def test_associative_scan_counts_n_minus_one_combines():
+    """``associative_scan`` reaches a graph only on CUDA (``combine_mode="pointwise"``; on
+    a CPU, ``"generic"`` is traced inline, no HOP): the graph is built by hand here, as
+    Dynamo makes it on a GPU (the HOP, its combine subgraph, fake example values), and
+    analysed as the backend analyses it."""
+    from torch._higher_order_ops.associative_scan import associative_scan_op
+    from torch._subclasses import FakeTensorMode
+
+    def combine(a, b):
+        return (a * b + a,)
+
+    combine_gm = torch.fx.symbolic_trace(combine)
+    root = torch.nn.Module()
+    root.combine_fn = combine_gm
+    graph = torch.fx.Graph()
+    xs = graph.placeholder("xs")
+    fn = graph.get_attr("combine_fn")
+    node = graph.call_function(associative_scan_op, (fn, [xs], ()))
+    graph.output((node,))
+    gm = torch.fx.GraphModule(root, graph)
+    with FakeTensorMode() as mode:
+        value = mode.from_tensor(torch.empty(9, 16))
+    xs.meta["val"] = value
+    node.meta["val"] = [value]
+    cost = fxflops.analyze(gm)
+    # 8 combines of one 16-element slice: a mul and an add per element
+    assert cost.flops == (9 - 1) * 2 * 16 and cost.matmul_flops == 0
+    assert cost.uncounted == {}
