@@ -166,3 +166,42 @@ def test_sizes_from_tensor_data_are_bound_from_the_outputs(monkeypatch, grad):
     assert sum(r["calls"] for r in rows) == len(calls)
     expected = sum(fcm(lambda c: model(*c), [c]) for c in calls)
     assert sum(r["total_matmul_flops"] for r in rows) == expected > 0
+
+
+def test_sizes_past_the_cap_go_to_the_overflow_row_uncensused(monkeypatch):
+    """Bounded memory: past FXFLOPS_MAX_SIZES shape classes, no census runs and no cost is
+    kept; the calls are counted and timed in the overflow row, as a compiled graph's are."""
+    monkeypatch.setenv("FXFLOPS_MAX_SIZES", "2")
+    model = mlp()
+    counted = fxflops.eager(model)
+    with torch.no_grad():
+        for b in (2, 3, 4, 5, 4):
+            x = torch.randn(b, 32)
+            assert torch.equal(counted(x), model(x))
+    record = counted.record
+    assert len(record.counted) == 2
+    assert record.overflow.count == 3 and record.dropped_sizes == 2
+    assert sum(r.count for r in record.rows.values()) == 2
+
+
+def test_after_a_census_fails_new_sizes_run_uncounted_without_a_census(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="fxflops")
+    from fxflops.cost import census
+
+    model = mlp()
+    counted = fxflops.eager(model)
+    with torch.no_grad():
+        counted(torch.randn(2, 32))
+
+        def broken(self, *args, **kwargs):
+            raise RuntimeError("census broke")
+
+        monkeypatch.setattr(census.Census, "cost", broken)
+        for b in (3, 3, 4):
+            x = torch.randn(b, 32)
+            assert torch.equal(counted(x), model(x))
+        counted(torch.randn(2, 32))  # a size counted before goes on as before
+    said = [r for r in caplog.records if "calls at new sizes not counted" in r.getMessage()]
+    assert len(said) == 1
+    assert set(counted.record.counted) == {(torch.Size([2, 32]),)}
+    assert counted.record.rows[(torch.Size([2, 32]),)].count == 2

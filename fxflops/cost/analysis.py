@@ -116,6 +116,19 @@ class OpTally:
         else:
             self.uncounted.append(name)
 
+    def charge(self, cost: NodeCost) -> None:
+        """Add what the ops came to onto ``cost`` (a node's, or a census's per-op node):
+        FLOPs of both classes, the ops left uncounted, a run-time-costed op's terms."""
+        cost.flops = total([cost.flops, *[to_count(f) for f in self.flops]])
+        cost.matmul_flops = total([cost.matmul_flops,
+                                   *[to_count(f) for f in self.matmul_flops]])
+        cost.uncounted += tuple(self.uncounted)
+        if self.runtime and self.runtime_cost is not None:
+            rc = self.runtime_cost
+            cost.runtime, cost.runtime_coeff = self.runtime, to_count(rc.flops_per_pair)
+            cost.runtime_bytes = to_count(rc.bytes_per_context_token)
+            cost.runtime_layer = rc.layer
+
 
 class CountingMode(TorchDispatchMode):
     """Counts aten ops the way ``FlopCounterMode`` does: decompose what has no formula."""
@@ -142,7 +155,8 @@ def _has_val(node: torch.fx.Node) -> bool:
     return "val" in node.meta or "example_value" in node.meta
 
 
-def _tensor_bytes(values: Any) -> list[Any]:
+def tensor_bytes(values: Any) -> list[Any]:
+    """The bytes of each distinct tensor in ``values`` (nested)."""
     seen: set[int] = set()
     out = []
     for v in tree_flatten(values)[0]:
@@ -210,14 +224,14 @@ class CostAnalysis:
         with guards:
             for node in self.gm.graph.nodes:
                 if node.op == "placeholder":
-                    bytes_in += _tensor_bytes(_val(node))
+                    bytes_in += tensor_bytes(_val(node))
                     continue
                 if node.op == "output":
-                    bytes_out += _tensor_bytes(map_aggregate(node.args, _val))
+                    bytes_out += tensor_bytes(map_aggregate(node.args, _val))
                     continue
                 if node.op == "get_attr":
                     # weights a graph holds as constants (vLLM's) are read like inputs
-                    bytes_in += _tensor_bytes(self._attr_value(node))
+                    bytes_in += tensor_bytes(self._attr_value(node))
                     continue
                 cost = self.node_cost(node)
                 cost.recomputed = self.backward and _is_recomputed(node)
@@ -351,24 +365,17 @@ class CostAnalysis:
                 node_bytes = 0
             else:
                 out = _val(node)
-                node_bytes = sum(_tensor_bytes((args, kwargs, out)))
+                node_bytes = sum(tensor_bytes((args, kwargs, out)))
         except Exception as e:  # a formula that raises must not stop the analysis
             cost.uncounted, cost.error = (name,), f"{type(e).__name__}: {e}"
             warn_once(f"error:{name}", "fxflops: could not cost %s (%s): %s", node.name, name, e)
             return cost
-        cost.flops = total([to_count(f) for f in tally.flops])
-        cost.matmul_flops = total([to_count(f) for f in tally.matmul_flops])
+        tally.charge(cost)
         cost.bytes = to_count(node_bytes)
         if tally.matmul_flops:
             first = next((t for t in tree_flatten((_read_args(target, args), kwargs))[0]
                           if isinstance(t, torch.Tensor)), None)
             cost.dtype = str(first.dtype) if first is not None else None
-        cost.uncounted = tuple(tally.uncounted)
-        if tally.runtime and tally.runtime_cost is not None:
-            rc = tally.runtime_cost
-            cost.runtime, cost.runtime_coeff = tally.runtime, to_count(rc.flops_per_pair)
-            cost.runtime_bytes = to_count(rc.bytes_per_context_token)
-            cost.runtime_layer = rc.layer
         return cost
 
     def _higher_order_cost(self, node: torch.fx.Node, name: str, args: Any, kwargs: Any,
@@ -393,7 +400,7 @@ class CostAnalysis:
                 matmul = total([total([s.matmul_flops for s in subs]) * times])
                 uncounted = tuple(op for s in subs for op in s.uncounted)
                 note = runs.note
-            cost.bytes = to_count(sum(_tensor_bytes((args, kwargs, _val(node)))))
+            cost.bytes = to_count(sum(tensor_bytes((args, kwargs, _val(node)))))
         except Exception as e:  # a subgraph that cannot be costed must not stop the analysis
             cost.uncounted, cost.error = (name,), f"{type(e).__name__}: {e}"
             warn_once(f"error:{name}", "fxflops: could not cost %s (%s): %s", node.name, name, e)

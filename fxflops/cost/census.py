@@ -26,23 +26,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from fxflops.cost import registry
-from fxflops.cost.analysis import METADATA_OPS, CountingMode, OpTally
-from fxflops.cost.graph_cost import GraphCost, NodeCost, RuntimeCost, to_count, total
+from fxflops.cost.analysis import METADATA_OPS, CountingMode, OpTally, tensor_bytes
+from fxflops.cost.graph_cost import GraphCost, NodeCost, total
 from fxflops.util import warn_once
 
 
-def _tensors(values: Any) -> list[torch.Tensor]:
+def tensors(values: Any) -> list[torch.Tensor]:
+    """Every tensor in ``values`` (nested), in order."""
     return [v for v in tree_flatten(values)[0] if isinstance(v, torch.Tensor)]
-
-
-def _nbytes(values: Any) -> int:
-    seen: set[int] = set()
-    n = 0
-    for t in _tensors(values):
-        if id(t) not in seen:
-            seen.add(id(t))
-            n += t.numel() * t.element_size()
-    return n
 
 
 class CallKey:
@@ -157,18 +148,12 @@ class Census(TorchDispatchMode):
         else:  # what it decomposes into, counted on fake copies (the real op ran above)
             self._decomposed(func, args, kwargs, tally)
         node = self._node(name)
-        node.flops = total([node.flops, *[to_count(f) for f in tally.flops]])
-        node.matmul_flops = total([node.matmul_flops, *[to_count(f) for f in tally.matmul_flops]])
+        tally.charge(node)
         if not tally.only_views:
-            node.bytes = total([node.bytes, _nbytes((args, kwargs, out))])
+            node.bytes = total([node.bytes, sum(tensor_bytes((args, kwargs, out)))])
         if tally.matmul_flops and node.dtype is None:
-            first = next(iter(_tensors(args)), None)
+            first = next(iter(tensors(args)), None)
             node.dtype = str(first.dtype) if first is not None else None
-        node.uncounted += tuple(tally.uncounted)
-        if tally.runtime and tally.runtime_cost is not None:
-            rc: RuntimeCost = tally.runtime_cost
-            node.runtime, node.runtime_coeff = tally.runtime, to_count(rc.flops_per_pair)
-            node.runtime_bytes, node.runtime_layer = to_count(rc.bytes_per_context_token), rc.layer
 
     def _decomposed(self, func: Any, args: Any, kwargs: Any, tally: OpTally) -> None:
         if self._fake is None:
@@ -199,7 +184,7 @@ class Census(TorchDispatchMode):
         return GraphCost(
             flops=total([n.flops for n in nodes]),
             matmul_flops=total([n.matmul_flops for n in nodes]),
-            bytes_io=_nbytes((inputs, outputs, weights)),
+            bytes_io=sum(tensor_bytes((inputs, outputs, weights))),
             bytes_nodes=total([n.bytes for n in nodes]),
             symbols=(), nodes=nodes, uncounted=uncounted, num_nodes=self.ops,
             binder=CallKey())  # type: ignore[arg-type]

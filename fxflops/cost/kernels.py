@@ -112,7 +112,7 @@ def snapshot(gm: Any) -> Shape:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from fxflops.cost.analysis import _tensor_bytes
+    from fxflops.cost.analysis import tensor_bytes
     from fxflops.util import meta_value
 
     inputs: dict[str, tuple[str, ...]] = {}
@@ -127,7 +127,7 @@ def snapshot(gm: Any) -> Shape:
             continue
         inputs[node.name] = tuple(n.name for n in node.all_input_nodes)
         try:
-            out_bytes[node.name] = total([to_count(b) for b in _tensor_bytes(meta_value(node))])
+            out_bytes[node.name] = total([to_count(b) for b in tensor_bytes(meta_value(node))])
         except Exception:
             out_bytes[node.name] = 0
         chain = node.meta.get("from_node") or []

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fxflops.cost.analysis import analysis_version
-from fxflops.cost.census import CENSUS_LOCK, Census, module_names, shape_class
+from fxflops.cost.census import CENSUS_LOCK, Census, module_names, shape_class, tensors
 from fxflops.cost.graph_cost import CostAt
 from fxflops.instrument.plan import GraphPlan, register_graph
 from fxflops.instrument.wrap import InstrumentedGraph
@@ -65,10 +65,11 @@ class EagerModel:
     def call_at(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call whose size key the caller read (a serving engine's token count)."""
         graph = self._graph
-        if graph is not None:
-            if key in graph.record.counted:
-                return graph((key, args, kwargs))  # the hot path of any graph
-        elif self._broken:
+        if graph is not None and (key in graph.record.counted
+                                  or len(graph.record.counted) >= graph.record.max_sizes):
+            # the hot path of any graph (a size past the cap: its overflow row, no census)
+            return graph((key, args, kwargs))
+        if self._broken:  # (a census failed: new sizes run uncounted)
             return self.fn(*args, **kwargs)
         return self._count(key, args, kwargs)
 
@@ -77,10 +78,7 @@ class EagerModel:
 
     def _count(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A new size's call, under the census: counted, not timed."""
-        try:
-            census = Census(self._names)
-        except Exception as e:
-            return self._give_up(e, (key, args, kwargs))
+        census = Census(self._names)
         with CENSUS_LOCK, census:  # (the model's own errors propagate)
             out = self.fn(*args, **kwargs)
         try:
@@ -91,7 +89,7 @@ class EagerModel:
             with self._lock:
                 graph = self._graph
                 if graph is None:
-                    device = next((t.device.type for t in (*_tensors((args, kwargs)),
+                    device = next((t.device.type for t in (*tensors((args, kwargs)),
                                                            *weights)), "cpu")
                     device = "cuda" if device == "cuda" else "cpu"
                     plan = GraphPlan(cost, "static", device, analysis_version())
@@ -106,25 +104,16 @@ class EagerModel:
         except Exception as e:
             if host_raised(e):
                 raise
-            self._give_up(e, None)
+            # sizes counted so far go on as before; no new size is censused again
+            self._broken = True
+            warn_once(f"eager:{id(self)}", "fxflops: %s's calls at new sizes not counted "
+                      "(%s: %s); the model runs on", self.name, type(e).__name__, e)
         return out
-
-    def _give_up(self, error: Exception, packed: Any) -> Any:
-        self._broken = self._graph is None
-        warn_once(f"eager:{id(self)}", "fxflops: %s's calls not counted (%s: %s); the model "
-                  "runs on", self.name, type(error).__name__, error)
-        return None if packed is None else self._run(packed)
 
 
 def _name_of(fn: Any) -> str:
     return type(fn).__name__ if isinstance(fn, torch.nn.Module) else \
         getattr(fn, "__name__", "fn")
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    return [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor)]
 
 
 def eager(model: Callable[..., Any], name: str | None = None) -> EagerModel:

@@ -111,7 +111,8 @@ class GraphRecord:
         row = rows.get(raw_key)
         if row is not None:
             return row
-        if len(rows) >= self.max_sizes:
+        # (a record costed per size counted, an uncompiled call's: none for any other)
+        if len(rows) >= self.max_sizes or (self.counted and raw_key not in self.counted):
             if len(self.dropped_keys) < MAX_DROPPED_KEYS:
                 self.dropped_keys.add(raw_key)
             return self.overflow

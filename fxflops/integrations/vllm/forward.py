@@ -289,29 +289,21 @@ def eager_model(runner: Any, forward: Any) -> Any:
     if eager is not False:
         return eager
     eager = None
-    why = uncompiled_model(runner)
-    if why is not None:
-        from fxflops.cost.census import module_names
-        from fxflops.instrument.eager import EagerModel
-
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        weights = [*model.parameters(), *model.buffers()]
-        eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
-                           weights=weights, meta={"uncompiled": why})
-    runner._fxflops_eager = eager
-    return eager
-
-
-def _eager_or_none(runner: Any, forward: Any) -> Any:
-    """``eager_model``, or None where it fails (said once): the forwards are then timed,
-    uncounted, as before."""
     try:
-        return eager_model(runner, forward)
-    except Exception as e:
-        runner._fxflops_eager = None
+        why = uncompiled_model(runner)
+        if why is not None:
+            from fxflops.cost.census import module_names
+            from fxflops.instrument.eager import EagerModel
+
+            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+            weights = [*model.parameters(), *model.buffers()]
+            eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
+                               weights=weights, meta={"uncompiled": why})
+    except Exception as e:  # the forwards are then timed, uncounted, as before
         warn_once("vllm-eager", "fxflops: vLLM's uncompiled forwards not counted (%s: %s)",
                   type(e).__name__, e)
-        return None
+    runner._fxflops_eager = eager
+    return eager
 
 
 def _uncounted_forward(runner: Any) -> Any:
@@ -388,7 +380,7 @@ def _timed_forward(original: Any) -> Any:
             runner = named["self"]
             tokens = _v1_tokens(named)
             if tokens is not None:
-                eager = _eager_or_none(runner, original)  # (None: vLLM compiles it)
+                eager = eager_model(runner, original)  # (None: vLLM compiles it)
                 row = begin_step(runner, tokens, *batch_lengths(runner))
                 token = clock_of(runner).start(row)
         except Exception as e:
