@@ -77,7 +77,7 @@ def test_a_scope_counts_the_calls_inside_exactly_as_flop_counter_mode(name):
     assert total == fcm(model, every)
     # nothing left on the hot path: the graph's calls go to the process's rows again
     (record,) = fxflops.recorder().graphs
-    assert record.active is record.rows and record.scoped is None
+    assert record.active is record.rows
     assert all(g._rows is record.rows for g in record.readers)
 
 
@@ -259,3 +259,62 @@ def test_a_scope_on_a_gpu_has_every_sample_where_it_belongs(sim, monkeypatch):
     assert row["calls"] == row["timed_calls"] == 5 and row["median_ms"] == 1.0
     (row,) = fxflops.recorder().stats()
     assert row["calls"] == row["timed_calls"] == 7 and row["lost_samples"] == 0
+
+
+COUNTERS = ("calls", "chosen_calls", "timed_calls", "lost_samples", "total_ms",
+            "total_matmul_flops")
+
+
+def _by_graph(rows) -> dict:
+    """The counters of each (graph, size) row, serving rows only."""
+    return {(r["graph"], r["size"]): {k: r[k] for k in COUNTERS} for r in rows}
+
+
+@pytest.mark.parametrize("held", [1, 3])
+def test_a_scope_sees_cuda_graph_replays_as_the_recorders_difference(sim, monkeypatch, held):
+    """Graphs captured in one CUDA graph (one: vLLM's piecewise pieces, their replays
+    sampled; three: a FULL graph, its replays counted at a collection) replayed before, in
+    and after a scope, the device two replays behind: the scope's rows are exactly what the
+    process's rows gained from its opening to its closing, calls, samples (the last two
+    read after it closed), losses and time, and nothing of the replays after it."""
+    from tests.test_timing import compile_on_sim, on_device
+
+    compile_on_sim(monkeypatch, sim)
+    monkeypatch.setenv("FXFLOPS_REPLAY_SAMPLE_EVERY", "4")
+    torch.manual_seed(0)
+    fns = [torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
+        inner=on_device(sim, 0.5 + i))) for i in range(held)]
+    x = torch.randn(4, 8)
+    rec = fxflops.recorder()
+    with torch.no_grad():
+        for f in fns:
+            f(x)
+        graph = sim.CUDAGraph()
+        with phases.warmup("capture"), sim.graph(graph):
+            for f in fns:
+                f(x)
+        for _ in range(40):
+            graph.replay()
+            sim.step()
+        sim.drain()
+        before = _by_graph(rec.stats())
+        with fxflops.scope() as s:
+            for _ in range(50):
+                graph.replay()
+                sim.step()
+        rec.settle()
+        sim.drain()  # the scope's last replays are read after it closed
+        after = _by_graph(rec.stats())
+        for _ in range(9):  # after the scope: none of these is its
+            graph.replay()
+            sim.step()
+        sim.drain()
+    scoped = _by_graph(s.rows())
+    assert len(scoped) == held
+    for at, row in scoped.items():
+        gained = {k: after[at][k] - before[at][k] for k in COUNTERS}
+        assert row["calls"] == 50
+        assert row == pytest.approx(gained)
+        assert row["timed_calls"] + row["lost_samples"] == row["chosen_calls"] > 0
+    assert sum(r["calls"] for r in rec.stats()) == held * (1 + 40 + 50 + 9)
+    assert sim.violations == []

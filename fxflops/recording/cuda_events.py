@@ -692,8 +692,7 @@ class CudaClock:
                         if n:
                             row.add_calls(n)
                         if lost:
-                            with row.lock:
-                                row.lost += lost
+                            row.add_lost(lost)
 
     # --- collection (the report's flush, exit, a signal) --------------------------------
 

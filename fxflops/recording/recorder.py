@@ -7,8 +7,8 @@ to it as a ``Sink`` and is told when a graph is registered, when to flush, after
 a reset and at a stop. Sinks are attached by the layers above (``outputs.session.attach``,
 called where a graph is first registered and by ``fxflops.recorder()``), never at import.
 
-A flush is one writer at a time: the CUDA-event samples are collected and open scopes'
-rows merged in (``settle``) once, then each sink writes. A signal handler's flush never
+A flush is one writer at a time: the CUDA-event samples are collected (``settle``) once,
+then each sink writes. A signal handler's flush never
 waits for the lock: where another thread is flushing, each sink writes what it can beside
 it (``Sink.flush_beside``); where its own thread was flushing, what the signal does next is
 deferred to the flush's end (``defer``).
@@ -26,7 +26,7 @@ from typing import Any
 from fxflops import placement
 from fxflops.cost.graph_cost import GraphCost
 from fxflops.recording import phases
-from fxflops.recording.collection import collect_samples, in_flight
+from fxflops.recording.collection import collect_samples
 from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.phases import SERVING, phase
 from fxflops.recording.scopes import RecordingScope
@@ -96,10 +96,8 @@ class Recorder:
         self.engine = EngineStats()
         # the sinks subscribed (outputs'), in the order they write
         self.sinks: list[Sink] = []
-        # the innermost open scope (``recording.scopes``; each knows the one it is in), and
-        # closed ones whose CUDA-event samples may still arrive (merged as they do)
-        self.scope: RecordingScope | None = None
-        self._retired: list[RecordingScope] = []
+        # the open scopes (``recording.scopes``), in the order they opened
+        self.scopes: list[RecordingScope] = []
         self._ids = itertools.count()
         self._lock = threading.Lock()
         # one flush at a time; a signal handler only ever tries it
@@ -141,8 +139,6 @@ class Recorder:
             record.passes = self.backward_passes
             if phase() != SERVING:  # compiled during a warm-up: its calls there are warm-up
                 record.enter_phase(phase())
-            if self.scope is not None:  # compiled inside a scope: its calls are the scope's
-                record.enter_scope(self.scope.rows_of(record))
             self.graphs.append(record)
         self.registered(record)
         return record
@@ -193,67 +189,44 @@ class Recorder:
                 g.enter_phase(phase)
 
     def open_scope(self) -> RecordingScope:
-        """A new innermost scope: every graph's calls go to its rows from now on (see
-        ``recording.scopes``). O(graphs), never a cost on the hot path."""
+        """A new scope: a mark of every row, the CUDA-graph replays counted first (see
+        ``recording.scopes``). O(rows), never a cost on the hot path."""
+        self.settle()
         with self._lock:
-            scope = RecordingScope(self.scope, self.backward_passes)
-            self.scope = scope
-            for g in list(self.graphs):
-                g.enter_scope(scope.rows_of(g))
+            scope = RecordingScope(list(self.graphs), self.backward_passes)
+            self.scopes.append(scope)
             return scope
 
     def close_scope(self, scope: RecordingScope) -> None:
-        """Close ``scope``: calls go where they went before it opened (the enclosing
-        scope's rows, or the process-wide ones), and what it recorded is merged there.
-        Scopes may close in any order (threads): one closed inside another open one hands
-        that one's rows on to its own enclosing one."""
+        """Close ``scope``: a mark of every row, the CUDA-graph replays counted first.
+        Scopes may close in any order (threads); closing one twice does nothing."""
+        if scope.closed:
+            return
+        if scope not in self.scopes:
+            raise RuntimeError("fxflops: this scope is not open in this process's recorder")
+        self.settle()
         with self._lock:
-            if scope.closed:
-                return
-            inner, s = None, self.scope
-            while s is not None and s is not scope:
-                inner, s = s, s.parent
-            if s is None:
-                raise RuntimeError("fxflops: this scope is not open in this process's recorder")
-            scope.close()
-            if inner is None:  # the innermost: calls go to the enclosing rows from now on
-                self.scope = scope.parent
-                for g in list(self.graphs):
-                    g.enter_scope(self.scope.rows_of(g) if self.scope is not None else None)
-            # the scopes that merge into it (the one opened inside it, closed ones with
-            # samples to come) merge into the enclosing one from now on
-            for other in [inner, *self._retired]:
-                if other is not None and other.parent is scope:
-                    other.sync()
-                    other.parent = scope.parent
-            scope.sync()
-            # merged again at the next settle: CUDA-event samples of its calls may arrive
-            # later, and a call another thread made into its rows as it closed (its row
-            # looked up before the switch, the call numbered after this merge) is then
-            # merged too
-            self._retired.append(scope)
+            if scope in self.scopes:
+                scope.close(list(self.graphs))
+                self.scopes.remove(scope)
 
     def open_scopes(self) -> list[RecordingScope]:
-        """The open scopes, innermost first."""
-        out, s = [], self.scope
-        while s is not None:
-            out.append(s)
-            s = s.parent
-        return out
+        """The open scopes, innermost (the latest opened) first."""
+        return self.scopes[::-1]
 
     def scope_view(self, scope: RecordingScope) -> Recorder:
-        """A read-only copy of this recorder that holds only what ``scope`` recorded: the
-        graphs that ran in it, with the scope's rows (what a report of the scope is built
-        from). Whole forwards, collectives and engine figures are the process's only."""
+        """A read-only copy of this recorder that holds only what ``scope`` saw: the
+        graphs that ran in it, with its rows (what a report of the scope is built from).
+        Whole forwards, collectives and engine figures are the process's only."""
         view = copy.copy(self)
-        view.graphs = scope.graphs_run()
+        view.graphs = scope.graphs_run(self.graphs_snapshot())
         view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
         view.uninstrumented, view.collectives = [], {}
         passes = copy.copy(self.backward_passes)
         passes.by_size = scope.backward_passes()
         view.backward_passes = passes
         view.engine = EngineStats()
-        view.sinks, view.scope = [], None
+        view.sinks, view.scopes = [], []
         view.started = scope.started
         return view
 
@@ -271,15 +244,9 @@ class Recorder:
                 if rows}
 
     def settle(self, wait: bool = False, final: bool = False, in_signal: bool = False) -> None:
-        """Bring the rows up to date before they are read: the CUDA-event samples that
-        have arrived (``collection.collect_samples``), and the calls of open scopes merged
-        into the rows around them (innermost first), with the samples that reached closed
-        scopes' rows after they closed."""
+        """Bring the rows up to date before they are read: the CUDA-graph replays counted
+        and the CUDA-event samples that have arrived (``collection.collect_samples``)."""
         collect_samples(wait=wait, final=final, in_signal=in_signal)
-        for scope in self.open_scopes() + list(self._retired):
-            scope.sync(blocking=not in_signal)
-        if self._retired and not in_flight():  # every sample read: nothing more to come
-            self._retired.clear()
 
     def has_data(self) -> bool:
         return bool(self.graphs or self.uninstrumented or self.forwards)
@@ -333,7 +300,6 @@ class Recorder:
         self._forget()
         for scope in self.open_scopes():
             scope.clear()
-        self._retired.clear()
         for sink in list(self.sinks):
             sink.reset(self)
 
@@ -359,8 +325,7 @@ class Recorder:
             g.after_fork()  # (its own new lock, then the same clearing as reset's)
         self._forget()
         for scope in self.open_scopes():
-            scope.after_fork()
-        self._retired.clear()
+            scope.clear()
         self.started = time.time()
         for sink in list(self.sinks):
             sink.after_fork(self)

@@ -1,59 +1,54 @@
-"""Scopes: the calls made while a scope is open, in rows of its own, and merged into the
-rows around it.
+"""Scopes: what the rows recorded while a scope was open, as differences of marks.
 
-Opening a scope (``Recorder.open_scope``) points every graph's calls at the scope's rows,
-as a warm-up phase does (``GraphRecord.enter_scope``: O(graphs) at the switch, nothing per
-call); a graph compiled while it is open starts there. A scope's rows are fresh: a size's
-first calls are each timed again, so a scope of a few calls has its own median. Its rows
-are kept per phase (a warm-up inside a scope stays warm-up).
+A row only ever adds to its counters. Opening a scope (``Recorder.open_scope``) takes a
+mark of every row (``SizeStats.mark``: O(rows), never a cost on the hot path); closing it
+takes another; what the scope saw is each row's difference between the two
+(``SizeStats.since``), and, while it is open, between its opening mark and now. Rows made
+while it was open count from their first call; rows made after it closed are not its.
+Nothing is added to a call's path, nothing is merged back: the process-wide rows are the
+only rows, so a scope sees every call they see, CUDA-graph replays included (the replays
+counted at a collection are collected before each mark).
 
-Nothing is lost to the rows around it: each scope row is merged into the enclosing
-scope's row, or the process-wide row, of its graph, phase and size (``SizeStats.merge_from``:
-calls, sums, samples, run-time counts, all exact), what it recorded since the last merge
-each time: when the scope closes, and before any reader reads the rows (a report's flush,
-a scrape: ``Recorder.settle``). Scopes nest: an inner one merges into the outer one's rows.
-
-Scopes are the process's, not a thread's: a call any thread makes while one is open is
-the scope's. CUDA-graph replays are counted in the process-wide rows only (a replay's
-calls go to the rows of the phase it is replayed in: ``cuda_events``).
+A CUDA-event sample comes after its call, in the order calls were chosen: a mark's
+sample fields are read once the calls chosen by then have had their samples
+(``RowMark.ripe``), so a call's sample is the scope's exactly when the call is, late or
+not. Opening a scope times each row's next calls again (``SizeStats.retime``), as a new
+size's first ones: a scope of a few calls has its own median. Scopes nest and may close in
+any order (each is its own pair of marks); they are the process's, not a thread's: a call
+any thread makes while one is open is the scope's.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
-from fxflops.recording.size_stats import SizeStats
+from fxflops.recording.size_stats import RowMark, SizeStats
 from fxflops.recording.store import BackwardPasses, GraphRecord
 
 
 class RecordingScope:
-    """One open (or closed) scope: its rows of each graph, by phase and size key, and how
-    much of each row has been merged into the rows around it."""
+    """One open (or closed) scope: a mark of every row when it opened, and of every row
+    when it closed."""
 
-    def __init__(self, parent: RecordingScope | None, passes: BackwardPasses) -> None:
-        self.parent = parent  # the scope it was opened in (None: the process-wide rows)
-        self.rows: dict[GraphRecord, dict[str, dict[Any, SizeStats]]] = {}
-        # id(row) -> (row, its mark when last merged): what each row has handed on
-        self._marks: dict[int, tuple[SizeStats, tuple[int, ...]]] = {}
-        self._sync_lock = threading.Lock()  # one merge of this scope at a time
-        self.closed = False
+    def __init__(self, records: list[GraphRecord], passes: BackwardPasses) -> None:
         self.started = time.time()
+        self._start = _marks(records)
+        self._end: dict[SizeStats, RowMark] | None = None
+        for record in records:  # (after the marks: a retimed call is the scope's)
+            for _, _, row in record.every_row():
+                row.retime()
         # the process's backward passes per size, at the start and (closed) at the end
         self._passes = passes
         self._passes_at = dict(passes.by_size)
         self._passes_end: dict[Any, int] | None = None
 
-    def rows_of(self, record: GraphRecord) -> dict[str, dict[Any, SizeStats]]:
-        """This scope's rows of ``record``, by phase (made empty at first)."""
-        rows = self.rows.get(record)
-        if rows is None:
-            rows = self.rows.setdefault(record, {})
-        return rows
+    @property
+    def closed(self) -> bool:
+        return self._end is not None
 
-    def close(self) -> None:
-        self.closed = True
+    def close(self, records: list[GraphRecord]) -> None:
+        self._end = _marks(records)
         self._passes_end = dict(self._passes.by_size)
 
     def backward_passes(self) -> dict[Any, int]:
@@ -62,54 +57,37 @@ class RecordingScope:
         return {size: n - self._passes_at.get(size, 0) for size, n in end.items()
                 if n > self._passes_at.get(size, 0)}
 
-    def sync(self, blocking: bool = True) -> None:
-        """Merge what each row recorded since its last merge into the enclosing scope's
-        row, or the process-wide row, of its graph, phase and size. Not ``blocking`` (a
-        signal handler): rows whose locks are out of reach wait for the next merge."""
-        if not self._sync_lock.acquire(blocking=blocking):
-            return
-        try:
-            parent = self.parent
-            for record, by_phase in list(self.rows.items()):
-                for phase, rows in list(by_phase.items()):
-                    target = parent.rows_of(record).setdefault(phase, {}) \
-                        if parent is not None else record.phase_rows(phase)
-                    for raw_key, row in list(rows.items()):
-                        held = self._marks.get(id(row))
-                        since = held[1] if held is not None else None
-                        if since is not None and since == row.mark():
-                            continue  # nothing new
-                        dest = record.adopt(target, raw_key, row, blocking)
-                        if dest is None or dest is row:
-                            continue
-                        self._marks[id(row)] = (row, dest.merge_from(row, since))
-        finally:
-            self._sync_lock.release()
-
     def clear(self) -> None:
-        """Forget the scope's rows (the recorder's were reset)."""
-        with self._sync_lock:
-            for by_phase in list(self.rows.values()):
-                for rows in list(by_phase.values()):
-                    rows.clear()
-            self._marks.clear()
-            self._passes_at = dict(self._passes.by_size)
+        """Start again from the rows as they are (the recorder's were reset, or a forked
+        child's are empty)."""
+        self._start = {}
+        self._passes_at = dict(self._passes.by_size)
 
-    def after_fork(self) -> None:
-        """(In a forked child.) A lock of its own (the parent's may have been held at the
-        fork), and empty rows: the parent's calls are the parent's."""
-        self._sync_lock = threading.Lock()
-        self.clear()
+    def rows_of(self, record: GraphRecord) -> dict[str, dict[Any, SizeStats]]:
+        """What ``record``'s rows recorded in the scope, by phase and size key (detached
+        rows; a row with no call in it left out)."""
+        out: dict[str, dict[Any, SizeStats]] = {}
+        for phase, key, row in record.every_row():
+            if self._end is not None and row not in self._end:
+                continue  # made after the scope closed
+            end = self._end.get(row) if self._end is not None else None
+            seen = row.since(self._start.get(row), end)
+            if seen.count or seen.samples_taken:
+                out.setdefault(phase, {})[key] = seen
+        return out
 
-    def calls(self) -> int:
-        """Calls recorded in the scope (every graph, size and phase)."""
-        return sum(r.count for by_phase in list(self.rows.values())
-                   for rows in list(by_phase.values()) for r in list(rows.values()))
+    def graphs_run(self, records: list[GraphRecord]) -> list[GraphRecord]:
+        """The graphs that ran while the scope was open, each holding what the scope saw
+        (``GraphRecord.with_rows``), in registration order: what a report of the scope is
+        built from (``Recorder.scope_view``)."""
+        out = []
+        for record in records:
+            rows = self.rows_of(record)
+            if any(rows.values()):
+                out.append(record.with_rows(rows))
+        return out
 
-    def graphs_run(self) -> list[GraphRecord]:
-        """The graphs that ran while the scope was open, each holding the scope's rows
-        only (``GraphRecord.with_rows``), in registration order: what a report of the
-        scope is built from (``Recorder.scope_view``)."""
-        return [record.with_rows(by_phase)
-                for record, by_phase in sorted(list(self.rows.items()), key=lambda item: item[0].id)
-                if any(r.count for rows in list(by_phase.values()) for r in list(rows.values()))]
+
+def _marks(records: list[GraphRecord]) -> dict[SizeStats, RowMark]:
+    return {row: row.mark() for record in records for _, _, row in record.every_row()}
+

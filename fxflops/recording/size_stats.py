@@ -67,6 +67,42 @@ def taken(counter: Any) -> int:
     return int(repr(counter)[6:-1])
 
 
+# marks a row keeps waiting for their samples at most (``SizeStats.mark``)
+MAX_WAITING = 64
+
+
+class RowMark:
+    """A row's counters at one moment (``SizeStats.mark``): what a scope's figures are
+    differences of. The calls are counted as they are made; their samples (and losses)
+    come in the order the calls were chosen, on a device's clock later: so the sample
+    fields are those of the moment the calls chosen by the mark have all had theirs
+    (``ripe``; until then, as they were when it was taken)."""
+
+    __slots__ = ("count", "chosen", "runtime_flops", "runtime_bytes", "runtime_calls",
+                 "captured", "timed", "total_ns", "lost", "host_bound", "shared", "ripe")
+
+    def __init__(self, row: SizeStats | None = None) -> None:
+        """(Under ``row``'s lock; None: a row before its first call.)"""
+        if row is None:
+            for name in self.__slots__:
+                setattr(self, name, 0)
+            return
+        self.count, self.chosen = row.count, row.chosen
+        self.runtime_flops, self.runtime_bytes = row.runtime_flops, row.runtime_bytes
+        self.runtime_calls, self.captured = row.runtime_calls, row.captured
+        self.read_samples(row)
+        self.ripe = row.timed + row.lost >= self.chosen
+
+    def read_samples(self, row: SizeStats) -> None:
+        """(Under ``row``'s lock.)"""
+        self.timed, self.total_ns, self.lost = row.timed, row.total_ns, row.lost
+        self.host_bound, self.shared = row.host_bound, row.shared
+        self.ripe = True
+
+
+_ZERO = RowMark()
+
+
 class SizeStats:
     """Timings of one (graph, size): calls, samples taken, their sum, and the last
     ``WINDOW`` samples (ns)."""
@@ -74,8 +110,8 @@ class SizeStats:
     __slots__ = ("key", "size", "cost", "total_ns", "window", "cap", "timed", "lost",
                  "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
                  "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "lock", "calls", "bulk", "host_bound", "shared", "on_device", "chosen",
-                 "last_chosen", "__weakref__")
+                 "due", "paid", "fresh_from", "lock", "calls", "bulk", "host_bound", "shared",
+                 "on_device", "chosen", "last_chosen", "waiting", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -111,6 +147,12 @@ class SizeStats:
         # first calls, then to the next multiple of FXFLOPS_SAMPLE_EVERY (graphs of one
         # record share it: each sample stands for the calls until the one it made due)
         self.due = 0
+        # the calls ``total_ns`` stands for so far (calls 0 to ``paid``): ``due`` but after a
+        # scope opened (``retime``), which makes calls due again that samples stood for
+        self.paid = 0
+        # the number of the first call of the row's latest run of first calls each timed
+        # (0; a scope's first call: ``retime``)
+        self.fresh_from = 0
         # calls whose sample never came (the timer dropped it, or a CUDA-graph replay's
         # events were recorded again before they were read)
         self.lost = 0
@@ -145,6 +187,8 @@ class SizeStats:
         self.captured = 0
         # the calls profiled per kernel (fxflops.recording.kernel_profile.KernelProfile), when asked
         self.kernel_profile: Any = None
+        # marks whose samples are still to come (``mark``; None: none)
+        self.waiting: list[RowMark] | None = None
 
     @property
     def count(self) -> int:
@@ -162,20 +206,35 @@ class SizeStats:
     def note(self, ns: int, n: int, first: int, every: int) -> None:
         """The sample of call ``n`` (counted as it was made: ``next(row.calls)``), which
         took ``ns``: the CPU clock's sampling, where a call is sampled when its number has
-        reached ``due``. The next call is due next while the size's ``first`` calls are
-        each timed, then at the next multiple of ``every``; ``total_ns`` has stood for the
-        calls before ``due`` so far, and this sample stands for those from there to the
-        new ``due`` (itself and the calls left untimed after it; where threads raced to
-        one due call, the first sample in takes the stretch and the others none)."""
+        reached ``due``. The next call is due next while the size's ``first`` calls (since
+        ``fresh_from``) are each timed, then at the next multiple of ``every``;
+        ``total_ns`` has stood for the calls before ``paid`` so far, and this sample stands
+        for those from there to the new ``due`` (itself and the calls left untimed after
+        it; where threads raced to one due call, the first sample in takes the stretch and
+        the others none)."""
         with self.lock:
             t = self.timed
             self.window[t % self.cap] = ns
             self.timed = t + 1
             self.chosen += 1
-            due = n + 1 if n + 1 < first else (n // every + 1) * every
+            due = n + 1 if n + 1 - self.fresh_from < first else (n // every + 1) * every
+            if due > self.paid:
+                self.total_ns += ns * (due - self.paid)
+                self.paid = due
             if due > self.due:
-                self.total_ns += ns * (due - self.due)
                 self.due = due
+            if self.waiting is not None:
+                self._ripen()
+
+    def retime(self) -> None:
+        """Time the next calls each again, as a new size's first ones are (a scope opened:
+        a scope of a few calls has its own median). Sampled rows only (the CPU clock's,
+        ``note``); ``total_ns`` is not counted twice for calls a sample already stood
+        for (``paid``)."""
+        with self.lock:
+            if self.last_chosen < 0:  # (a replayed row's sampling is ``choose``'s)
+                self.fresh_from = self.count
+                self.due = min(self.due, self.fresh_from)
 
     # --- calls timed later (CUDA events): counted when made, timed when read ----------
 
@@ -230,56 +289,62 @@ class SizeStats:
         self.window[n % self.cap] = ns
         self.total_ns += ns if halves == 2 else ns * halves // 2
         self.timed = n + 1
+        if self.waiting is not None:
+            self._ripen()
 
-    def add_lost(self) -> None:
-        """A call counted by ``add_call`` whose sample will never come."""
+    def add_lost(self, n: int = 1) -> None:
+        """``n`` calls counted by ``add_call`` whose samples will never come."""
         with self.lock:
-            self.lost += 1
+            self.lost += n
+            if self.waiting is not None:
+                self._ripen()
 
-    # --- a scope's rows, merged into the process-wide ones (``recording.scopes``) ---------
+    # --- marks: a scope's figures are differences (``recording.scopes``) --------------
 
-    def mark(self) -> tuple[int, ...]:
-        """The counters a row only ever adds to, as they are now (``merge_from``'s mark)."""
+    def mark(self) -> RowMark:
+        """The counters as they are now, the samples' as they will be once the calls
+        chosen by now have their samples (or are lost): samples come in the order their
+        calls were chosen, after them on a device's clock."""
         with self.lock:
-            return (self.count, self.total_ns, self.timed, self.lost, self.runtime_flops,
-                    self.runtime_bytes, self.runtime_calls, self.captured, self.host_bound,
-                    self.shared, self.chosen)
+            mark = RowMark(self)
+            if not mark.ripe:
+                waiting = self.waiting
+                if waiting is None:
+                    waiting = self.waiting = []
+                elif len(waiting) >= MAX_WAITING:  # (bounded: the oldest keeps what it has)
+                    del waiting[0]
+                waiting.append(mark)
+        return mark
 
-    def merge_from(self, other: SizeStats, since: tuple[int, ...] | None = None
-                   ) -> tuple[int, ...]:
-        """Add to this row what ``other`` (a row of the same graph and size) recorded since
-        ``since`` (the mark this returned for it before; None: all of it): its calls, its
-        samples' sum, its samples (the last ``cap`` of them, in order), its lost samples
-        and its run-time counts. Exact for every count and sum; returns the new mark. Each
-        row's lock is taken in turn, never both: ``other`` may be counting calls
-        meanwhile (they are merged the next time)."""
-        with other.lock:
-            now = other.mark()  # (re-entrant)
-            first = max(since[2] if since else 0, now[2] - other.cap)
-            samples = [other.window[i % other.cap] for i in range(first, now[2])]
-            groups = other.runtime_groups
-        then = since or (0,) * len(now)
-        (count, total, timed, lost, flops, nbytes, calls, captured, host_bound, shared,
-         chosen) = (a - b for a, b in zip(now, then))
+    def _ripen(self) -> None:
+        """(Under the lock, a sample or a loss just came.) Marks whose calls' samples have
+        all come read them now."""
+        waiting = self.waiting or []
+        outcomes = self.timed + self.lost
+        for mark in [m for m in waiting if outcomes >= m.chosen]:
+            mark.read_samples(self)
+            waiting.remove(mark)
+        if not waiting:
+            self.waiting = None
+
+    def since(self, start: RowMark | None, end: RowMark | None = None) -> SizeStats:
+        """A detached row of what this row recorded from ``start`` to ``end`` (marks it
+        gave; None: from its first call, to now): calls, samples, their sum, losses,
+        run-time counts, all exact differences, and the samples still in its window."""
+        then = start or _ZERO
+        out = SizeStats(self.key, self.size, self.cost, 1)
         with self.lock:
-            base = self.timed + timed - len(samples)  # the slots of the samples kept
-            for i, ns in enumerate(samples):
-                self.window[(base + i) % self.cap] = ns
-            self.timed += timed
-            self.total_ns += total
-            self.bulk += count
-            self.lost += lost
-            self.chosen += chosen
-            self.runtime_flops += flops
-            self.runtime_bytes += nbytes
-            self.runtime_calls += calls
-            self.captured += captured
-            self.host_bound += host_bound
-            self.shared += shared
-            self.on_device |= other.on_device
-            if self.runtime_groups is None:
-                self.runtime_groups = groups
-        return now
+            now = end or RowMark(self)
+            first = max(then.timed, now.timed - self.cap, self.timed - self.cap)
+            kept = [self.window[i % self.cap] for i in range(first, now.timed)]
+            out.runtime_groups = self.runtime_groups
+            out.on_device = self.on_device
+        out.window, out.cap = array("q", kept), max(1, len(kept))
+        out.runtime_terms = list(self.runtime_terms)
+        out.bulk = now.count - then.count
+        for name in RowMark.__slots__[1:-1]:
+            setattr(out, name, getattr(now, name) - getattr(then, name))
+        return out
 
     @property
     def samples_taken(self) -> int:
@@ -320,13 +385,13 @@ class SizeStats:
 
     def samples(self) -> array[int]:
         """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
-        return self.window[: min(self.samples_taken, self.cap)]
+        return self.window[: min(self.samples_taken, self.cap, len(self.window))]
 
     def percentiles(self) -> dict[str, float]:
         """median, p10, p90 of the window, in milliseconds."""
-        if not self.samples_taken:
-            return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
         ordered = sorted(self.samples())
+        if not ordered:
+            return {"median_ms": 0.0, "p10_ms": 0.0, "p90_ms": 0.0}
         n = len(ordered)
 
         def pick(q: float) -> float:

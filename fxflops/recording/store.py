@@ -5,8 +5,10 @@ passes.
 They hold data and nothing else: the report, the metrics and the dumps read them (and keep
 their own caches). The hot path only ever adds to a row; rows are made under a lock, and
 readers iterate over snapshots (``list(...)``, one C-level copy under the GIL), so a reader
-never sees a dict change size under it. The rows a graph's calls go to are switched, never
-per call: by a warm-up phase (``phases``) and by a scope (``scopes``).
+never sees a dict change size under it. A row is never replaced while it is read (a scope
+is marks of the rows: ``scopes``); the rows a graph's calls go to are switched, never per
+call, by a warm-up phase only (``phases``): warm-up calls are not traffic, and have rows of
+their own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 # distinct sizes past the cap that are still told apart (to count them; a few MiB at most)
 MAX_DROPPED_KEYS = 65536
 
+# the overflow row's key among a record's rows (``GraphRecord.every_row``)
+OVERFLOW = "overflow"
+
 
 class GraphRecord:
     """One instrumented graph: its cost, where its size symbols come from, its rows."""
@@ -47,12 +52,10 @@ class GraphRecord:
         # rows of real traffic
         self.rows: dict[Any, SizeStats] = {}
         self.warmup: dict[str, dict[Any, SizeStats]] = {}
-        # the phase calls are recorded in (``enter_phase``), and the innermost open scope's
-        # rows of this graph, by phase (``enter_scope``; None: no scope is open)
+        # the phase calls are recorded in (``enter_phase``)
         self.phase = SERVING
-        self.scoped: dict[str, dict[Any, SizeStats]] | None = None
-        # the rows calls go to now (``rows``, a warm-up phase's, or a scope's), and the
-        # callables that read them on their hot path, rebound when they change
+        # the rows calls go to now (``rows``, or a warm-up phase's), and the callables
+        # that read them on their hot path, pointed at a phase's rows when it changes
         self.active = self.rows
         self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the process's backward passes (a backward graph's calls note theirs there; set
@@ -99,15 +102,12 @@ class GraphRecord:
     def _row(self, phase: str | None, raw_key: Any) -> SizeStats:
         """(``phase`` None: the active one.)"""
         with self._lock:
-            rows = self.active if phase is None else self.phase_rows(phase)
-            # a scope's row of a size the graph has seen: its cost as evaluated then
-            return self._make(rows, raw_key, self.rows.get(raw_key) if self.scoped else None)
+            return self._make(self.active if phase is None else self.phase_rows(phase),
+                              raw_key)
 
-    def _make(self, rows: dict[Any, SizeStats], raw_key: Any, like: SizeStats | None
-              ) -> SizeStats:
-        """(Under the lock.) The row of ``raw_key`` in ``rows``, made if new: its cost
-        evaluated for its size, or taken from ``like`` (a row of the same size elsewhere);
-        the overflow row past ``max_sizes``."""
+    def _make(self, rows: dict[Any, SizeStats], raw_key: Any) -> SizeStats:
+        """(Under the lock.) The row of ``raw_key`` in ``rows``, made if new, its cost
+        evaluated for its size; the overflow row past ``max_sizes``."""
         row = rows.get(raw_key)
         if row is not None:
             return row
@@ -116,35 +116,16 @@ class GraphRecord:
             if len(self.dropped_keys) < MAX_DROPPED_KEYS:
                 self.dropped_keys.add(raw_key)
             return self.overflow
-        if like is not None and like.cost is not None:
-            row = SizeStats(like.key, like.size, like.cost)
-            row.runtime_terms = list(like.runtime_terms)
-        else:
-            key = self.binder.as_tuple(raw_key)
-            binding = dict(zip(self.cost.symbols, key))
-            cost = self.counted.get(raw_key)
-            if cost is None:
-                cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
-            row = SizeStats(key, size_label(key) if key else self.static_size, cost)
-            row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
-                                 for kind, layer, f, b in self._runtime_terms]
+        key = self.binder.as_tuple(raw_key)
+        binding = dict(zip(self.cost.symbols, key))
+        cost = self.counted.get(raw_key)
+        if cost is None:
+            cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
+        row = SizeStats(key, size_label(key) if key else self.static_size, cost)
+        row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
+                             for kind, layer, f, b in self._runtime_terms]
         rows[raw_key] = row
         return row
-
-    def adopt(self, rows: dict[Any, SizeStats], raw_key: Any, like: SizeStats,
-              blocking: bool = True) -> SizeStats | None:
-        """The row of ``raw_key`` in ``rows`` (a phase's, or an enclosing scope's), made
-        like ``like`` if new (no cost evaluated again): where a scope's row is merged.
-        Not ``blocking`` (a signal's flush): None if the lock is out of reach."""
-        row = rows.get(raw_key)
-        if row is not None:
-            return row
-        if not self._lock.acquire(blocking=blocking):
-            return None
-        try:
-            return self._make(rows, raw_key, like)
-        finally:
-            self._lock.release()
 
     def phase_rows(self, phase: str) -> dict[Any, SizeStats]:
         """The process-wide rows of ``phase`` (``SERVING``: the real traffic's)."""
@@ -156,37 +137,34 @@ class GraphRecord:
         graph.use_rows(self.active)
 
     def enter_phase(self, phase: str) -> None:
-        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's), or
-        an open scope's rows of that phase."""
+        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's).
+        O(readers), never a cost on the hot path."""
         with self._lock:
             self.phase = phase
-            self._rebind()
+            self.active = self.phase_rows(phase)
+            for graph in list(self.readers):
+                graph.use_rows(self.active)
 
-    def enter_scope(self, scoped: dict[str, dict[Any, SizeStats]] | None) -> None:
-        """Send calls from now on to a scope's rows of this graph (by phase; None: the
-        process-wide rows again). O(readers), never a cost on the hot path."""
-        with self._lock:
-            self.scoped = scoped
-            self._rebind()
+    def every_row(self) -> list[tuple[str, Any, SizeStats]]:
+        """A snapshot of every row: (phase, size key, row), each phase's, and the overflow
+        row (key ``OVERFLOW``, in the serving phase)."""
+        out = [(SERVING, key, row) for key, row in list(self.rows.items())]
+        out += [(phase, key, row) for phase, rows in list(self.warmup.items())
+                for key, row in list(rows.items())]
+        out.append((SERVING, OVERFLOW, self.overflow))
+        return out
 
-    def _rebind(self) -> None:
-        """(Under the lock.) Point the active rows, and every reader, where calls go now."""
-        scoped = self.scoped
-        self.active = scoped.setdefault(self.phase, {}) if scoped is not None else \
-            self.phase_rows(self.phase)
-        for graph in list(self.readers):
-            graph.use_rows(self.active)
-
-    def with_rows(self, scoped: dict[str, dict[Any, SizeStats]]) -> GraphRecord:
-        """A read-only copy of this record whose rows are ``scoped``'s (a scope's, by
-        phase): what a scope's report reads. Its cost, names and kernels are this one's."""
+    def with_rows(self, by_phase: dict[str, dict[Any, SizeStats]]) -> GraphRecord:
+        """A read-only copy of this record whose rows are ``by_phase``'s (a scope's, by
+        phase: ``RecordingScope.rows_of``): what a scope's report reads. Its cost, names
+        and kernels are this one's."""
         view = copy.copy(self)
-        view.rows = dict(scoped.get(SERVING, {}))
-        view.warmup = {phase: dict(rows) for phase, rows in list(scoped.items())
+        view.rows = dict(by_phase.get(SERVING, {}))
+        view.overflow = view.rows.pop(OVERFLOW, SizeStats((), "overflow"))
+        view.warmup = {phase: dict(rows) for phase, rows in by_phase.items()
                        if phase != SERVING}
-        view.active, view.scoped = view.rows, None
+        view.active = view.rows
         view.readers = weakref.WeakSet()
-        view.overflow = SizeStats((), "overflow")
         view.dropped_keys = set()
         return view
 

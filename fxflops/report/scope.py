@@ -12,12 +12,12 @@
     print(s.table())                       # the same, as text
     s.report()                             # a report of the scope (schema fxflops.report/1)
 
-Inside the block every instrumented graph's calls go to rows of the scope's own
-(``recording.scopes``): graphs compiled before the scope and inside it alike, calls from
-every thread, a size's first calls each timed again (a scope of a few calls has its own
-median). The process-wide rows lose nothing: the scope's calls are merged into them when it
-closes, and before any report or scrape reads them. Scopes nest (an inner scope's calls
-count in the outer one too). Nothing is added to a call's path, inside a scope or outside.
+A scope is what the process's rows recorded while the block ran: a mark of every row
+when it opens and when it closes, and the differences (``recording.scopes``): graphs
+compiled before the scope and inside it alike, calls from every thread, CUDA-graph replays
+too; a size's next calls are each timed again (a scope of a few calls has its own median).
+Scopes nest and may close in any order. Nothing is added to a call's path, inside a scope
+or outside.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Scope:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         assert self._recorder is not None and self._scope is not None
-        # (no wait for the device here: CUDA-event samples still in flight are read into
-        # the scope's rows when they are read, and into the rows around it at a flush)
+        # (no wait for the device here: a sample still in flight is the scope's when it
+        # comes, as its call is)
         self._recorder.close_scope(self._scope)
 
     @property
@@ -67,8 +67,8 @@ class Scope:
         if self._scope is None or self._recorder is None:
             raise RuntimeError("fxflops.scope(): not entered yet (use it as `with "
                                "fxflops.scope() as s:`)")
-        # open: inner scopes' calls so far; CUDA-event samples of its calls, waited for
-        # (a bounded wait, as a flush's: reading the times needs them)
+        # CUDA-event samples of its calls, waited for (a bounded wait, as a flush's:
+        # reading the times needs them)
         self._recorder.settle(wait=True)
         return self._recorder.scope_view(self._scope)
 
