@@ -335,11 +335,11 @@ def check_in_flight(iters: int = 200) -> Outcome:
 
     ok, now, after = run()
     clock = ours.clock.clock  # the process's CudaClock, as fxflops' graph holds it
-    cap, clock.max_in_flight = clock.max_in_flight, 1
+    cap, clock.queue.max_in_flight = clock.queue.max_in_flight, 1
     try:
         control, _, c_after = run()
     finally:
-        clock.max_in_flight = cap
+        clock.queue.max_in_flight = cap
     return Outcome(ok, (
         f"{iters} calls made, {now[3]} samples in flight at the report, which counted "
         f"{now[0]} calls; after a sync and a flush: {after[0]} calls, {after[1]} timed, "

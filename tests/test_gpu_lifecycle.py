@@ -370,11 +370,11 @@ def test_graphs_released_and_captured_again_while_serving_count_on(server, runne
     s = server(runner, "FULL_AND_PIECEWISE")
     s.serve(40)
     clock = cuda_events.clock()  # (torch.cuda's: the simulator is installed there)
-    before = len(clock.graphs)
+    before = len(clock.tracker.graphs)
     with phases.warmup("capture"):  # (vLLM's capture_model, as the hooks phase it)
         s.recapture()
     gc.collect()
-    assert len(clock.graphs) <= before  # the released graphs' entries are gone
+    assert len(clock.tracker.graphs) <= before  # the released graphs' entries are gone
     s.serve(40, seed=1)
     rec = fxflops.recorder()
     rec.to_dict()  # (counts the FULL graphs' replays, those of released graphs too)

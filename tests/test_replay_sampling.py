@@ -90,7 +90,7 @@ def serve(sim: CudaSim, clock: cuda_events.CudaClock, served: Served, steps: int
     """``steps`` steps, each replaying every piece in turn, the device two steps behind;
     ``slow(step)``: the first piece's time at that step (None: its own)."""
     for step in range(steps):
-        before = clock.queued  # (a chosen replay queues one pair)
+        before = clock.queue.queued  # (a chosen replay queues one pair)
         for i, g in enumerate(served.graphs):
             ms = served.ms[i]
             if i == 0 and slow is not None:
@@ -98,7 +98,7 @@ def serve(sim: CudaSim, clock: cuda_events.CudaClock, served: Served, steps: int
                 kernel_ms(g, ms)
             served.true_ns += round(ms * 1e6)
             g.replay()
-        served.chosen_per_step.append(clock.queued - before)
+        served.chosen_per_step.append(clock.queue.queued - before)
         sim.step()
     sim.drain()
     clock.collect(wait_s=1.0, final=True)
@@ -182,7 +182,7 @@ def test_counts_are_exact_from_threads(sim, monkeypatch):
     for r in rows:
         assert FIRST <= r.chosen <= STEPS
         assert r.timed + r.lost == r.chosen and r.timed >= 0.9 * r.chosen
-    assert not clock.pending and sim.violations == []
+    assert not clock.queue.pending and sim.violations == []
 
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["random", "fixed-control"])

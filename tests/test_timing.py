@@ -69,12 +69,12 @@ def test_a_call_is_counted_when_made_and_timed_when_read(sim):
 
 def test_past_the_in_flight_cap_samples_are_lost_never_calls(sim):
     clock = cuda_events.clock(sim)
-    clock.max_in_flight = 4
+    clock.queue.max_in_flight = 4
     row = SizeStats((1,), 1)
     for _ in range(10):  # nothing finishes: the oldest pairs are given up, never waited for
         clock.time_call(lambda: sim.launch(1.0), (), row)
-    assert row.count == 10 and len(clock.pending) == 4
-    assert row.lost == 6 and clock.dropped == 6
+    assert row.count == 10 and len(clock.queue.pending) == 4
+    assert row.lost == 6 and clock.queue.dropped == 6
     sim.drain()  # the device catches up; a flush reads the 4 still in flight
     clock.collect(wait_s=1.0)
     assert row.count == 10 and row.samples_taken == 4 and row.lost == 6 and row.awaiting == 0
@@ -654,7 +654,7 @@ def test_a_captured_call_no_capture_can_be_found_for_is_kept_alive_and_said(sim,
     for t in threads:
         t.join()
     gc.collect()
-    assert len(clock.unowned) == 1
+    assert len(clock.tracker.unowned) == 1
     assert "could not find" in caplog.text
     a.replay()  # records the pair again: alive
     assert sim.violations == []
@@ -726,7 +726,7 @@ def test_an_unreadable_pair_loses_its_sample_not_the_call(sim, monkeypatch):
     clock = cuda_events.clock(sim)
     row = SizeStats((1,), 1)
     clock.time_call(lambda: sim.launch(1.0), (), row)
-    bad = clock.pending[0].end
+    bad = clock.queue.pending[0].end
 
     def refuse():
         raise RuntimeError("CUDA error: operation not supported")
@@ -737,7 +737,7 @@ def test_an_unreadable_pair_loses_its_sample_not_the_call(sim, monkeypatch):
     sim.drain()
     clock.collect()
     assert (row.count, row.samples_taken, row.lost) == (3, 2, 1)
-    assert all(bad is not t.end for t in clock.pools.get(0, []))
+    assert all(bad is not t.end for t in clock.queue.pools.get(0, []))
 
 
 def test_a_starved_devices_rows_say_the_host_paced_them(sim):
@@ -878,7 +878,7 @@ def test_a_full_graphs_unread_replays_are_lost_not_dropped(sim):
         for phase, n in (("warmup", 2), (phases.SERVING, 3)):
             row = record.rows[(phase, 4)]
             assert row.count == n and row.samples_taken + row.lost == n, (phase, row.lost)
-    assert clock.several == []
+    assert clock.tracker.several == []
 
 
 def test_a_call_that_raises_leaves_no_pair_open(sim):
@@ -911,7 +911,7 @@ def test_a_replay_whose_end_is_never_recorded_blocks_no_later_pair(sim, monkeypa
     record = Record()
     g = captured_pieces(sim, clock, [record], size=2)
     g.replay()
-    real_take = clock._take
+    real_take = clock.queue.take
 
     def take(device):  # the next pair's end refuses its record, once
         token = real_take(device)
@@ -924,14 +924,14 @@ def test_a_replay_whose_end_is_never_recorded_blocks_no_later_pair(sim, monkeypa
         token.end.record = interrupted
         return token
 
-    monkeypatch.setattr(clock, "_take", take)
+    monkeypatch.setattr(clock.queue, "take", take)
     with pytest.raises(KeyboardInterrupt):
         g.replay()
-    monkeypatch.setattr(clock, "_take", real_take)
+    monkeypatch.setattr(clock.queue, "take", real_take)
     for _ in range(3):
         g.replay()
     sim.drain()
     clock.collect()
     row = record.rows[(phases.SERVING, 2)]
     assert row.count == 5 and row.samples_taken + row.lost == 5 and row.lost == 1
-    assert len(clock.pending) == 0
+    assert len(clock.queue.pending) == 0

@@ -19,8 +19,9 @@ SERVING = "serve"
 
 
 # the warm-up phases entered and not left, innermost last: process-wide, as the recorder
-# may be made (its first graph compiled) inside one
-_PHASES: list[str] = []
+# may be made (its first graph compiled) inside one. One list, changed in place, never
+# rebound: the CUDA-graph replay's fast path reads whether it is empty
+IN_PROGRESS: list[str] = []
 
 
 _PHASE_LOCK = threading.Lock()
@@ -37,7 +38,7 @@ def watch(recorder: Any) -> str:
 
 def phase() -> str:
     """The phase calls are recorded in now: ``SERVING``, or the innermost warm-up's."""
-    phases = _PHASES
+    phases = IN_PROGRESS
     return phases[-1] if phases else SERVING
 
 
@@ -50,15 +51,15 @@ def warmup(name: str) -> Iterator[None]:
     O(graphs) here, never a cost on the hot path (each graph's callable is pointed at the
     phase's rows)."""
     with _PHASE_LOCK:
-        _PHASES.append(name)
+        IN_PROGRESS.append(name)
         for rec in list(_WATCHERS):
             rec.switch(name)
     try:
         yield
     finally:
         with _PHASE_LOCK:
-            if name in _PHASES:
-                del _PHASES[len(_PHASES) - 1 - _PHASES[::-1].index(name)]
+            if name in IN_PROGRESS:
+                del IN_PROGRESS[len(IN_PROGRESS) - 1 - IN_PROGRESS[::-1].index(name)]
             for rec in list(_WATCHERS):
                 rec.switch(phase())
 
