@@ -113,8 +113,8 @@ def test_what_fxflops_writes_passes_the_checks_at_load(tmp_path):
     forward = rec.forward_row(8)
     for tokens in (5, 8, 8):
         forward.add(1_000_000)
-        forward.note_scheduled(tokens)
-    forward.captured = 2
+        forward.forward.note_scheduled(tokens)
+    forward.forward.captured = 2
     path = rec.save(tmp_path / "r.json")
     report = load_report(path)
     phases = sorted(g["meta"].get("phase") for g in report["graphs"])

@@ -22,7 +22,7 @@ import torch
 
 import fxflops
 from fxflops.recording import cuda_events
-from fxflops.recording.size_stats import SizeStats
+from fxflops.recording.size_stats import RuntimeCounts, SizeStats
 from tests.cuda_sim import CudaSim
 from tests.test_timing import compile_on_sim, on_device
 
@@ -173,8 +173,8 @@ def test_whole_forward_rows_from_threads_all_count(sim, clock):
 
     def step(size: int) -> None:
         row = fxflops.recorder().forward_row(size)
-        if not row.runtime_terms:
-            row.runtime_terms = [("attention", "layer", 3, 5)]
+        if row.runtime is None:
+            row.runtime = RuntimeCounts([("attention", "layer", 3, 5)])
         charge_runtime(row)
         token = forward.clock_of(runner).start(row)
         if clock == "cuda":
@@ -186,6 +186,6 @@ def test_whole_forward_rows_from_threads_all_count(sim, clock):
     cuda_events.collect_all(wait_s=5.0)
     (row,) = fxflops.recorder().forwards_snapshot()
     assert row.count == made[8] == THREADS * CALLS
-    assert row.runtime_calls == made[8]
-    assert (row.runtime_flops, row.runtime_bytes) == (3 * 10 * made[8], 5 * 4 * made[8])
+    assert row.runtime.calls == made[8]
+    assert (row.runtime.flops, row.runtime.bytes) == (3 * 10 * made[8], 5 * 4 * made[8])
     assert row.samples_taken + row.lost == row.count

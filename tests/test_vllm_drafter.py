@@ -106,7 +106,7 @@ def test_the_targets_forward_counts_its_own_attention_layers_only():
                                      "model.layers.1.self_attn.attn"]
     row = forward.begin_step(runner, 1, np.array([1]), np.array([9]))
     forward.end_step()
-    assert row.runtime_flops == 2 * 10 * (2 * HEADS * HEAD * 2)  # 2 layers, 10 pairs
+    assert row.runtime.flops == 2 * 10 * (2 * HEADS * HEAD * 2)  # 2 layers, 10 pairs
 
 
 def test_mode3_pieces_of_a_drafter_are_its_own(monkeypatch, tmp_path):
@@ -333,7 +333,7 @@ def test_a_drafter_pass_is_a_forward_of_its_own_at_its_own_lengths():
     (row,) = fxflops.recorder().forwards_snapshot("draft")
     assert (row.size, row.count) == (4, 1) and row.samples_taken == 1
     per_pair = 2 * HEADS * HEAD * 2  # QK^T and PV, one layer
-    assert row.runtime_flops == per_pair * ((3 * 16 + 3 * 4 // 2) + (1 * 39 + 1))
+    assert row.runtime.flops == per_pair * ((3 * 16 + 3 * 4 // 2) + (1 * 39 + 1))
     assert fxflops.recorder().forwards_snapshot() == []  # the target's: none
 
 
@@ -396,8 +396,8 @@ def test_a_v2_speculators_passes_are_draft_forwards_at_their_own_lengths(monkeyp
     per_pair = 2 * HEADS * HEAD * 2  # QK^T and PV, the drafter's one layer
     kv = KV_HEADS * 2 * HEAD * torch.empty((), dtype=cfg.model_config.dtype).element_size()
     # the first pass: the target's lengths, 3 and 1 new tokens of 19 and 40
-    assert rows[4].runtime_flops == per_pair * (pairs(3, 16) + pairs(1, 39))
-    assert rows[4].runtime_bytes == kv * (19 + 40)
+    assert rows[4].runtime.flops == per_pair * (pairs(3, 16) + pairs(1, 39))
+    assert rows[4].runtime.bytes == kv * (19 + 40)
     # the others: the lengths vLLM handed its builder (host tensors), by hand from them
     expected_pairs = expected_tokens = 0
     for kwargs in served:
@@ -407,8 +407,8 @@ def test_a_v2_speculators_passes_are_draft_forwards_at_their_own_lengths(monkeyp
             expected_pairs += pairs(int(q), s - int(q))
             expected_tokens += s
     assert [k["seq_lens_cpu_upper_bound"][:2].tolist() for k in served] == [[20, 41], [21, 42]]
-    assert rows[2].runtime_flops == per_pair * expected_pairs
-    assert rows[2].runtime_bytes == kv * expected_tokens
+    assert rows[2].runtime.flops == per_pair * expected_pairs
+    assert rows[2].runtime.bytes == kv * expected_tokens
     assert fxflops.recorder().forwards_snapshot() == []  # the target's: none
 
 

@@ -83,7 +83,7 @@ def decode_step_bytes(cache_dtype: str) -> tuple[int, int]:
     import fxflops
     from fxflops.integrations.vllm import forward
     from fxflops.recording.runtime_costs import charge_runtime
-    from fxflops.recording.size_stats import SizeStats
+    from fxflops.recording.size_stats import RuntimeCounts, SizeStats
 
     runner = attention_runner(cache_dtype)
     forward.install_attention_coster()
@@ -91,13 +91,13 @@ def decode_step_bytes(cache_dtype: str) -> tuple[int, int]:
     row = forward.begin_step(runner, 2, np.array([1, 1]), np.array([100, 40]))
     try:
         graph_row = SizeStats((2,), 2)
-        graph_row.runtime_terms = [
+        graph_row.runtime = RuntimeCounts([
             ("attention", name, 2 * HEADS * HEAD * 2, KV_HEADS * 2 * HEAD * 2)
-            for name in runner.vllm_config.compilation_config.static_forward_context]
+            for name in runner.vllm_config.compilation_config.static_forward_context])
         charge_runtime(graph_row)
     finally:
         forward.end_step()
-    return row.runtime_bytes, graph_row.runtime_bytes
+    return row.runtime.bytes, graph_row.runtime.bytes
 
 
 def test_fp8_decode_reads_half_the_kv_bytes_of_bf16():

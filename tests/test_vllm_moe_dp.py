@@ -48,7 +48,7 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
     from fxflops.integrations.vllm import forward
     from fxflops.integrations.vllm.formulas.ops import moe_dims
     from fxflops.recording.runtime_costs import charge_runtime
-    from fxflops.recording.size_stats import SizeStats
+    from fxflops.recording.size_stats import RuntimeCounts, SizeStats
 
     dp = len(counts)
     experts, top_k, hidden, inter = 16, 4, 256, 128  # small: the weights are real here
@@ -80,8 +80,8 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
     assert cost.matmul_flops == own * per_token  # statically: this rank's own tokens
     (node,) = cost.runtime_nodes
     row = SizeStats((own,), own)
-    row.runtime_terms = [(node.runtime, node.runtime_layer, node.runtime_coeff,
-                          node.runtime_bytes)]
+    row.runtime = RuntimeCounts([(node.runtime, node.runtime_layer, node.runtime_coeff,
+                                  node.runtime_bytes)])
     forward.install_attention_coster()
     fxflops.recorder().register("moe{index}", cost)  # the forward's graph
     runner = SimpleNamespace(vllm_config=cfg, model_config=SimpleNamespace(dtype=torch.bfloat16))
@@ -93,10 +93,10 @@ def test_gpu_moe_forward_under_data_parallelism_counts_every_ranks_tokens(counts
         finally:
             forward.end_step()
     gathered = sum(counts)
-    this_rank = cost.matmul_flops + row.runtime_flops
+    this_rank = cost.matmul_flops + row.runtime.flops
     assert this_rank == gathered * per_token
     # the whole forward's row counts the other ranks' tokens too, apart from attention
-    assert forward_row.runtime_by_kind == {"dp_tokens": (gathered - own) * per_token}
+    assert forward_row.runtime.by_kind == {"dp_tokens": (gathered - own) * per_token}
     ffn = FfnMetrics(num_hidden_layers=1, hidden_size=hidden, activation_byte_size=2,
                      pp_size=1, ffn_tp_size=1 if ep else dp, ffn_ep_size=dp if ep else 1,
                      intermediate_size=inter,

@@ -76,12 +76,12 @@ def test_v1_model_forward_rows_and_attention():
                                             positions=torch.zeros(8, dtype=torch.long))
     assert out == "hidden states"
     (row,) = fxflops.recorder().forwards.values()
-    assert row.size == 8 and row.count == 1 and row.scheduled == {4: 1}
+    assert row.size == 8 and row.count == 1 and row.forward.scheduled == {4: 1}
     # by hand: full layer: 6+7+8 keys for the 3 new tokens, 10 for the other; window 4:
     # each of them sees at most 4 keys
     pairs_full, pairs_window = (6 + 7 + 8) + 10, 4 * 3 + 4
-    assert row.runtime_flops == PER_PAIR * (pairs_full + pairs_window)
-    assert row.runtime_bytes == PER_TOKEN * ((8 + 10) + (4 + 4))
+    assert row.runtime.flops == PER_PAIR * (pairs_full + pairs_window)
+    assert row.runtime.bytes == PER_TOKEN * ((8 + 10) + (4 + 4))
 
 
 def test_v2_execute_model_rows_and_attention():
@@ -125,9 +125,9 @@ def test_v2_execute_model_rows_and_attention():
     runner.execute_model(None, dummy_run=True)  # a dummy run: counted nowhere
     assert runner.forwards == 2
     (row,) = fxflops.recorder().forwards.values()
-    assert row.size == 8 and row.count == 1 and row.scheduled == {4: 1}
+    assert row.size == 8 and row.count == 1 and row.forward.scheduled == {4: 1}
     pairs_full, pairs_window = (6 + 7) + (10 + 11), 4 * 4
-    assert row.runtime_flops == PER_PAIR * (pairs_full + pairs_window)
-    assert row.runtime_bytes == PER_TOKEN * ((7 + 11) + (4 + 4))
+    assert row.runtime.flops == PER_PAIR * (pairs_full + pairs_window)
+    assert row.runtime.bytes == PER_TOKEN * ((7 + 11) + (4 + 4))
     # nothing of the step is left for the next one
     assert forward.current_counts(None) is None

@@ -98,7 +98,7 @@ class EagerModel:
                 graph.record.counted[key] = CostAt(*cost.totals())
                 row = graph.record.new_row(key)
                 next(row.calls)  # the census's call: counted, its time not a sample
-                if row.runtime_terms:  # (a serving engine's attention: this call's lengths)
+                if row.runtime is not None:  # (a serving engine's attention: this call's lengths)
                     charge_runtime(row)
                 self._graph = graph
         except Exception as e:

@@ -298,7 +298,7 @@ class InstrumentedGraph(_Serializable):
                 key = self._key(args[0] if self.boxed else args)
             if row is None:
                 row = self._rows.get(key) or self.record.new_row(key)
-            if self._runtime and row.runtime_terms:
+            if self._runtime and row.runtime is not None:
                 charge_runtime(row)
             if self._passes is not None:
                 self._passes.note(row.size)

@@ -114,7 +114,8 @@ def samples(rec: Recorder) -> list[Sample]:
         labels = (("size", size), *where)
         out += _row_samples("fxflops_forward", "whole forward (vLLM)", labels, rows,
                             [forward_cost(costs, r) for r in rows])
-        per_row = [(int(r.key[0]) if r.key else 0, *r.scheduled_tokens()) for r in rows]
+        per_row = [(int(r.key[0]) if r.key else 0, *(r.forward.scheduled_tokens() if r.forward
+                                                    else (0, 0))) for r in rows]
         padded = sum(size * forwards for size, forwards, _ in per_row)
         scheduled = sum(tokens for _, _, tokens in per_row)
         for (name, text), value in zip(_FORWARD_COUNTERS, (padded, scheduled)):

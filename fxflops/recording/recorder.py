@@ -30,7 +30,7 @@ from fxflops.recording.collection import collect_samples
 from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.phases import SERVING, phase
 from fxflops.recording.scopes import RecordingScope
-from fxflops.recording.size_stats import SizeStats
+from fxflops.recording.size_stats import ForwardCounts, SizeStats
 from fxflops.recording.store import BackwardPasses, GraphRecord, UninstrumentedGraph
 from fxflops.util import forget_warnings
 
@@ -71,7 +71,9 @@ def _row_of(rows: dict[int, SizeStats], size: int) -> SizeStats:
     two threads that make it keep one)."""
     row = rows.get(size)
     if row is None:
-        row = rows.setdefault(size, SizeStats((size,), size))
+        made = SizeStats((size,), size)
+        made.forward = ForwardCounts()
+        row = rows.setdefault(size, made)
     return row
 
 

@@ -57,29 +57,33 @@ def charge_runtime(row: SizeStats, costers: dict[str, RuntimeCoster] = COSTERS) 
     """Add the current call's run-time FLOPs and bytes to ``row``: per group of layers that
     share a window, its FLOPs per pair times the call's pairs, and its bytes per context
     token (its cache's, where the coster knows them) times the call's context tokens. The
-    groups are made at the row's first call."""
-    groups = row.runtime_groups
+    groups are made at the row's first call. A row with no run-time terms (``row.runtime``
+    None) is charged nothing."""
+    counts = row.runtime
+    if counts is None:
+        return
+    groups = counts.groups
     if groups is None:
         merged: dict[tuple[str, int | None], list[int]] = {}
-        for kind, layer, flops, bytes_ in row.runtime_terms:
+        for kind, layer, flops, bytes_ in counts.terms:
             key = (kind, costers[kind].window_of(layer))
             cache_bytes = costers[kind].bytes_of(layer)
             acc = merged.setdefault(key, [0, 0])
             acc[0] += flops
             acc[1] += bytes_ if cache_bytes is None else cache_bytes
-        groups = row.runtime_groups = [(costers[k], w, f, b, k)
+        groups = counts.groups = [(costers[k], w, f, b, k)
                                        for (k, w), (f, b) in merged.items()]
     charged = [(flops * got[0], bytes_ * got[1], kind) for coster, window, flops, bytes_, kind
                in groups if (got := coster.counts(window)) is not None]
     if not charged:
         return
     with row.lock:  # (calls from several threads at one size: each charged)
-        by_kind = row.runtime_by_kind
+        by_kind = counts.by_kind
         for flops, bytes_, kind in charged:
-            row.runtime_flops += flops
-            row.runtime_bytes += bytes_
+            counts.flops += flops
+            counts.bytes += bytes_
             if by_kind is not None:
                 by_kind[kind] = by_kind.get(kind, 0) + flops
-        row.runtime_calls += 1
+        counts.calls += 1
 
 

@@ -1,9 +1,9 @@
 """Scopes: what the rows recorded while a scope was open, as differences of marks.
 
 A row only ever adds to its counters. Opening a scope (``Recorder.open_scope``) takes a
-mark of every row (``SizeStats.mark``: O(rows), never a cost on the hot path); closing it
+mark of every row (``size_stats.mark``: O(rows), never a cost on the hot path); closing it
 takes another; what the scope saw is each row's difference between the two
-(``SizeStats.since``), and, while it is open, between its opening mark and now. Rows made
+(``size_stats.since``), and, while it is open, between its opening mark and now. Rows made
 while it was open count from their first call; rows made after it closed are not its.
 Nothing is added to a call's path, nothing is merged back: the process-wide rows are the
 only rows, so a scope sees every call they see, CUDA-graph replays included (the replays
@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fxflops.recording.size_stats import RowMark, SizeStats
+from fxflops.recording.size_stats import RowMark, SizeStats, mark, since
 from fxflops.recording.store import BackwardPasses, GraphRecord
 
 
@@ -71,7 +71,7 @@ class RecordingScope:
             if self._end is not None and row not in self._end:
                 continue  # made after the scope closed
             end = self._end.get(row) if self._end is not None else None
-            seen = row.since(self._start.get(row), end)
+            seen = since(row, self._start.get(row), end)
             if seen.count or seen.samples_taken:
                 out.setdefault(phase, {})[key] = seen
         return out
@@ -89,5 +89,5 @@ class RecordingScope:
 
 
 def _marks(records: list[GraphRecord]) -> dict[SizeStats, RowMark]:
-    return {row: row.mark() for record in records for _, _, row in record.every_row()}
+    return {row: mark(row) for record in records for _, _, row in record.every_row()}
 

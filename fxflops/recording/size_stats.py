@@ -67,19 +67,19 @@ def taken(counter: Any) -> int:
     return int(repr(counter)[6:-1])
 
 
-# marks a row keeps waiting for their samples at most (``SizeStats.mark``)
+# marks a row keeps waiting for their samples at most (``mark``)
 MAX_WAITING = 64
 
 
 class RowMark:
-    """A row's counters at one moment (``SizeStats.mark``): what a scope's figures are
-    differences of. The calls are counted as they are made; their samples (and losses)
+    """A row's counters at one moment (``mark``): what a scope's figures are differences
+    of (``since``). The calls are counted as they are made; their samples (and losses)
     come in the order the calls were chosen, on a device's clock later: so the sample
     fields are those of the moment the calls chosen by the mark have all had theirs
     (``ripe``; until then, as they were when it was taken)."""
 
     __slots__ = ("count", "chosen", "runtime_flops", "runtime_bytes", "runtime_calls",
-                 "captured", "timed", "total_ns", "lost", "host_bound", "shared", "ripe")
+                 "timed", "total_ns", "lost", "host_bound", "shared", "ripe")
 
     def __init__(self, row: SizeStats | None = None) -> None:
         """(Under ``row``'s lock; None: a row before its first call.)"""
@@ -88,8 +88,9 @@ class RowMark:
                 setattr(self, name, 0)
             return
         self.count, self.chosen = row.count, row.chosen
-        self.runtime_flops, self.runtime_bytes = row.runtime_flops, row.runtime_bytes
-        self.runtime_calls, self.captured = row.runtime_calls, row.captured
+        runtime = row.runtime or _NO_RUNTIME
+        self.runtime_flops, self.runtime_bytes = runtime.flops, runtime.bytes
+        self.runtime_calls = runtime.calls
         self.read_samples(row)
         self.ripe = row.timed + row.lost >= self.chosen
 
@@ -103,15 +104,60 @@ class RowMark:
 _ZERO = RowMark()
 
 
+class RuntimeCounts:
+    """FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
+    cache read; a MoE's tokens from other data-parallel ranks), summed over the calls that
+    counted them (``recording.runtime_costs.charge_runtime``): attached to the rows of a
+    graph with run-time-costed nodes, and to whole forwards."""
+
+    __slots__ = ("terms", "groups", "flops", "bytes", "calls", "by_kind")
+
+    def __init__(self, terms: list[tuple[str, str | None, int, int]],
+                 by_kind: bool = False) -> None:
+        # (kind, layer, FLOPs per pair, bytes per context token) of the run-time-costed
+        # ops at this size; grouped by sliding window at the first call (``groups``)
+        self.terms = terms
+        self.groups: list[tuple[Any, int | None, int, int, str]] | None = None
+        self.flops = self.bytes = self.calls = 0
+        # whole forwards: ``flops`` by kind, which the report sets beside vLLM's components
+        self.by_kind: dict[str, int] | None = {} if by_kind else None
+
+
+_NO_RUNTIME = RuntimeCounts([])
+
+
+class ForwardCounts:
+    """A whole forward's row only (vLLM): the tokens scheduled, per count of them, before
+    the runner padded them to the row's size (under CUDA graphs), and how many forwards
+    ran as CUDA-graph replays. Written under the row's lock."""
+
+    __slots__ = ("scheduled", "captured")
+
+    def __init__(self) -> None:
+        self.scheduled: dict[int, int] = {}
+        self.captured = 0
+
+    def note_scheduled(self, tokens: int) -> None:
+        """A forward of ``tokens`` real tokens ran at the row's (padded) size. The distinct
+        counts kept are bounded by the size itself (0 < tokens <= size)."""
+        scheduled = self.scheduled
+        scheduled[tokens] = scheduled.get(tokens, 0) + 1
+
+    def scheduled_tokens(self) -> tuple[int, int]:
+        """(forwards noted, tokens the scheduler gave them)."""
+        # a snapshot (one C-level copy): the serving thread may add a count meanwhile
+        scheduled = list(self.scheduled.items())
+        return sum(c for _, c in scheduled), sum(n * c for n, c in scheduled)
+
+
 class SizeStats:
     """Timings of one (graph, size): calls, samples taken, their sum, and the last
     ``WINDOW`` samples (ns)."""
 
     __slots__ = ("key", "size", "cost", "total_ns", "window", "cap", "timed", "lost",
-                 "runtime_flops", "runtime_bytes", "runtime_calls", "runtime_terms",
-                 "runtime_groups", "runtime_by_kind", "scheduled", "captured", "kernel_profile",
-                 "due", "paid", "fresh_from", "lock", "calls", "bulk", "host_bound", "shared",
-                 "on_device", "chosen", "last_chosen", "waiting", "__weakref__")
+                 "runtime", "forward", "kernel_profile", "due", "paid", "fresh_from", "lock",
+                 "calls", "bulk", "host_bound", "shared", "on_device", "chosen", "last_chosen",
+                 "waiting", "__weakref__")
 
     def __init__(self, key: tuple[int, ...], size: int | str, cost: CostAt | None = None,
                  cap: int | None = None) -> None:
@@ -168,23 +214,11 @@ class SizeStats:
         self.host_bound = 0
         self.shared = 0
         self.on_device = False  # timed by the device (CUDA events): the above are known
-        # FLOPs and bytes counted per call from run-time state (vLLM attention: pairs and KV
-        # cache read), summed over the calls that counted them
-        self.runtime_flops = 0
-        self.runtime_bytes = 0
-        self.runtime_calls = 0
-        # (kind, layer, FLOPs per pair, bytes per context token) of the run-time-costed ops
-        # at this size; grouped by sliding window at the first call (recording.charge_runtime)
-        self.runtime_terms: list[tuple[str, str | None, int, int]] = []
-        self.runtime_groups: list[tuple[Any, int | None, int, int, str]] | None = None
-        # whole forwards only: ``runtime_flops`` by kind (attention; a MoE's tokens from
-        # other data-parallel ranks), which the report sets beside vLLM's components
-        self.runtime_by_kind: dict[str, int] | None = None
-        # whole forwards only: the tokens scheduled, per count of them, before the runner
-        # padded them to this row's size (vLLM under CUDA graphs); see note_scheduled
-        self.scheduled: dict[int, int] | None = None
-        # whole forwards only: how many ran as CUDA-graph replays (vLLM's runtime mode)
-        self.captured = 0
+        # what only some rows have: FLOPs and bytes counted per call from run-time state
+        # (``RuntimeCounts``: a graph with vLLM attention, a whole forward), a whole
+        # forward's tokens and replays (``ForwardCounts``)
+        self.runtime: RuntimeCounts | None = None
+        self.forward: ForwardCounts | None = None
         # the calls profiled per kernel (fxflops.recording.kernel_profile.KernelProfile), when asked
         self.kernel_profile: Any = None
         # marks whose samples are still to come (``mark``; None: none)
@@ -299,22 +333,7 @@ class SizeStats:
             if self.waiting is not None:
                 self._ripen()
 
-    # --- marks: a scope's figures are differences (``recording.scopes``) --------------
-
-    def mark(self) -> RowMark:
-        """The counters as they are now, the samples' as they will be once the calls
-        chosen by now have their samples (or are lost): samples come in the order their
-        calls were chosen, after them on a device's clock."""
-        with self.lock:
-            mark = RowMark(self)
-            if not mark.ripe:
-                waiting = self.waiting
-                if waiting is None:
-                    waiting = self.waiting = []
-                elif len(waiting) >= MAX_WAITING:  # (bounded: the oldest keeps what it has)
-                    del waiting[0]
-                waiting.append(mark)
-        return mark
+    # --- marks (``mark``): a scope's figures are differences (``recording.scopes``) ----
 
     def _ripen(self) -> None:
         """(Under the lock, a sample or a loss just came.) Marks whose calls' samples have
@@ -327,25 +346,6 @@ class SizeStats:
         if not waiting:
             self.waiting = None
 
-    def since(self, start: RowMark | None, end: RowMark | None = None) -> SizeStats:
-        """A detached row of what this row recorded from ``start`` to ``end`` (marks it
-        gave; None: from its first call, to now): calls, samples, their sum, losses,
-        run-time counts, all exact differences, and the samples still in its window."""
-        then = start or _ZERO
-        out = SizeStats(self.key, self.size, self.cost, 1)
-        with self.lock:
-            now = end or RowMark(self)
-            first = max(then.timed, now.timed - self.cap, self.timed - self.cap)
-            kept = [self.window[i % self.cap] for i in range(first, now.timed)]
-            out.runtime_groups = self.runtime_groups
-            out.on_device = self.on_device
-        out.window, out.cap = array("q", kept), max(1, len(kept))
-        out.runtime_terms = list(self.runtime_terms)
-        out.bulk = now.count - then.count
-        for name in RowMark.__slots__[1:-1]:
-            setattr(out, name, getattr(now, name) - getattr(then, name))
-        return out
-
     @property
     def samples_taken(self) -> int:
         return self.timed
@@ -357,30 +357,16 @@ class SizeStats:
         return max(0, self.chosen - self.timed - self.lost)
 
 
-    def note_scheduled(self, tokens: int) -> None:
-        """A forward of ``tokens`` real tokens ran at this row's (padded) size. The
-        distinct counts kept are bounded by the size itself (0 < tokens <= size)."""
-        with self.lock:
-            scheduled = self.scheduled
-            if scheduled is None:
-                scheduled = self.scheduled = {}
-            scheduled[tokens] = scheduled.get(tokens, 0) + 1
-
-    def scheduled_tokens(self) -> tuple[int, int]:
-        """(forwards noted, tokens the scheduler gave them): see note_scheduled."""
-        # a snapshot (one C-level copy): the serving thread may add a count meanwhile
-        scheduled = list((self.scheduled or {}).items())
-        return sum(c for _, c in scheduled), sum(n * c for n, c in scheduled)
-
     def totals(self, cost: CostAt | None = None) -> tuple[int, int, int, int]:
         """(FLOPs, matmul FLOPs, bytes) done over all calls, and the calls: the static cost
         per call (``cost``: a whole forward's, which its graphs give) times the calls, plus
         the run-time counts summed as they ran (exact ints; the Prometheus counters and the
         report's ``total_*`` figures)."""
         cost, n = cost or self.cost, self.count
-        flops = (cost.flops * n if cost else 0) + self.runtime_flops
-        matmul = (cost.matmul_flops * n if cost else 0) + self.runtime_flops
-        bytes_ = (cost.bytes_io * n if cost else 0) + self.runtime_bytes
+        runtime = self.runtime or _NO_RUNTIME
+        flops = (cost.flops * n if cost else 0) + runtime.flops
+        matmul = (cost.matmul_flops * n if cost else 0) + runtime.flops
+        bytes_ = (cost.bytes_io * n if cost else 0) + runtime.bytes
         return int(flops), int(matmul), int(bytes_), n
 
     def samples(self) -> array[int]:
@@ -398,6 +384,46 @@ class SizeStats:
             return ordered[min(n - 1, int(q * (n - 1) + 0.5))] / 1e6
 
         return {"median_ms": median(ordered) / 1e6, "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
+
+
+def mark(row: SizeStats) -> RowMark:
+    """``row``'s counters as they are now, its samples' as they will be once the calls
+    chosen by now have their samples (or are lost): samples come in the order their calls
+    were chosen, after them on a device's clock (``SizeStats._ripen``)."""
+    with row.lock:
+        taken_now = RowMark(row)
+        if not taken_now.ripe:
+            waiting = row.waiting
+            if waiting is None:
+                waiting = row.waiting = []
+            elif len(waiting) >= MAX_WAITING:  # (bounded: the oldest keeps what it has)
+                del waiting[0]
+            waiting.append(taken_now)
+    return taken_now
+
+
+def since(row: SizeStats, start: RowMark | None, end: RowMark | None = None) -> SizeStats:
+    """A detached row of what ``row`` recorded from ``start`` to ``end`` (its marks; None:
+    from its first call, to now): calls, samples, their sum, losses, run-time counts, all
+    exact differences, and the samples still in its window."""
+    then = start or _ZERO
+    out = SizeStats(row.key, row.size, row.cost, 1)
+    with row.lock:
+        now = end or RowMark(row)
+        first = max(then.timed, now.timed - row.cap, row.timed - row.cap)
+        kept = [row.window[i % row.cap] for i in range(first, now.timed)]
+        out.on_device = row.on_device
+        if row.runtime is not None:
+            out.runtime = runtime = RuntimeCounts(row.runtime.terms)
+            runtime.groups = row.runtime.groups
+            runtime.flops = now.runtime_flops - then.runtime_flops
+            runtime.bytes = now.runtime_bytes - then.runtime_bytes
+            runtime.calls = now.runtime_calls - then.runtime_calls
+    out.window, out.cap = array("q", kept), max(1, len(kept))
+    out.bulk = now.count - then.count
+    for name in ("chosen", "timed", "total_ns", "lost", "host_bound", "shared"):
+        setattr(out, name, getattr(now, name) - getattr(then, name))
+    return out
 
 
 def size_label(key: tuple[int, ...]) -> int | str:

@@ -23,7 +23,13 @@ from fxflops import config, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
 from fxflops.recording.phases import SERVING
-from fxflops.recording.size_stats import CallCounter, SizeStats, size_label, taken
+from fxflops.recording.size_stats import (
+    CallCounter,
+    RuntimeCounts,
+    SizeStats,
+    size_label,
+    taken,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +128,10 @@ class GraphRecord:
         if cost is None:
             cost = CostAt(*(evaluate(c, binding) for c in self.cost.totals()))
         row = SizeStats(key, size_label(key) if key else self.static_size, cost)
-        row.runtime_terms = [(kind, layer, evaluate(f, binding), evaluate(b, binding))
-                             for kind, layer, f, b in self._runtime_terms]
+        if self._runtime_terms:
+            row.runtime = RuntimeCounts([(kind, layer, evaluate(f, binding),
+                                          evaluate(b, binding))
+                                         for kind, layer, f, b in self._runtime_terms])
         rows[raw_key] = row
         return row
 

@@ -76,16 +76,17 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     recomputed only when the row changed since they were last made (a flush of thousands
     of sizes redoes only those that ran since the last one)."""
     cost = cost or row.cost
-    stamp = (row.count, row.chosen, row.samples_taken, row.lost, row.runtime_calls, row.shared,
+    runtime = row.runtime
+    calls = runtime.calls if runtime is not None else 0
+    stamp = (row.count, row.chosen, row.samples_taken, row.lost, calls, row.shared,
              cost,
              peak.get("tflops"), peak.get("gbps"))
     cached = _FIGURES.get(row)
     if cached is not None and cached[0] == stamp:
         return cached[1]
     pct = row.percentiles()
-    calls = row.runtime_calls
-    runtime_flops = row.runtime_flops / calls if calls else 0
-    runtime_bytes = row.runtime_bytes / calls if calls else 0
+    runtime_flops = runtime.flops / calls if runtime is not None and calls else 0
+    runtime_bytes = runtime.bytes / calls if runtime is not None and calls else 0
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
     bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
@@ -105,7 +106,8 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
         "runtime_bytes": int(runtime_bytes),
         # the run-time counts summed over the calls (exact; the per-call figures above are
         # their mean when calls at one size ran at different lengths)
-        "total_runtime_flops": row.runtime_flops, "total_runtime_bytes": row.runtime_bytes,
+        "total_runtime_flops": runtime.flops if runtime is not None else 0,
+        "total_runtime_bytes": runtime.bytes if runtime is not None else 0,
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
         "recomputed_flops": cost.recomputed_flops if cost else 0,
@@ -120,8 +122,9 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
         fig["time_bound"] = "host" if 2 * row.host_bound > row.samples_taken else "device"
         fig["host_bound_calls"] = row.host_bound
         fig["shared_calls"] = row.shared
-    if row.runtime_by_kind and calls:  # whole forwards: the run-time FLOPs by kind
-        fig["runtime_kinds"] = {k: v / calls for k, v in sorted(row.runtime_by_kind.items())}
+    by_kind = runtime.by_kind if runtime is not None else None
+    if by_kind and calls:  # whole forwards: the run-time FLOPs by kind
+        fig["runtime_kinds"] = {k: v / calls for k, v in sorted(by_kind.items())}
     _FIGURES[row] = (stamp, fig)
     return fig
 
@@ -231,13 +234,15 @@ def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> Pa
     spent on padding is the median apportioned by that FLOPs share (an estimate: a
     memory-bound step costs padding less)."""
     # one snapshot (a C-level copy): the serving thread may add to the dict meanwhile
-    scheduled = dict(list((row.scheduled or {}).items()))
+    forward = row.forward
+    scheduled = dict(list(forward.scheduled.items())) if forward is not None else {}
+    captured = forward.captured if forward is not None else 0
     forwards, real = sum(scheduled.values()), sum(n * c for n, c in scheduled.items())
     size = row.key[0] if row.key else 0
     if not forwards or not size:
         return {"scheduled_tokens": 0, "padding_tokens": 0, "padding_share": 0.0,
                 "padding_flops_share": 0.0, "padding_ms": 0.0, "scheduled": {},
-                "captured": row.captured}
+                "captured": captured}
     padding = forwards * size - real
     full = flops_at(size)
     if full:
@@ -250,6 +255,6 @@ def padding_figures(row: SizeStats, flops_at: Callable[[int], int | None]) -> Pa
             "padding_ms": row.percentiles()["median_ms"] * flops_share,
             # the sizes served (what fxflops tune reads), and how many ran as graph replays
             "scheduled": {str(n): c for n, c in sorted(scheduled.items())},
-            "captured": row.captured}
+            "captured": captured}
 
 

@@ -140,6 +140,7 @@ def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
     )
     from fxflops.recording.recorder import recorder
     from fxflops.recording.runtime_costs import charge_runtime
+    from fxflops.recording.size_stats import RuntimeCounts
 
     end_step()
     lengths = getattr(_pending, "lengths", None)
@@ -149,13 +150,13 @@ def _begin_pass(attn_metadata: Any, vllm_config: Any, num_tokens: Any) -> Any:
     row = recorder().draft_forward_row(int(num_tokens))
     if row is None:
         return None
-    if not row.runtime_terms:
+    if row.runtime is None:
         names = _layer_names(attn_metadata)
         own = _own_layers(_pending.proposer)
-        row.runtime_terms = attention_terms(
+        row.runtime = RuntimeCounts(attention_terms(
             vllm_config, vllm_config.model_config.dtype,
-            lambda name, layer: name in names and (own is None or id(layer) in own))
-        row.runtime_by_kind = {}
+            lambda name, layer: name in names and (own is None or id(layer) in own)),
+            by_kind=True)
     charge_runtime(row)
     return clock_of(_pending.proposer).start(row)
 

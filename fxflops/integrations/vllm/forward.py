@@ -31,6 +31,7 @@ from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
 from fxflops.recording.clocks import clock_for
 from fxflops.recording.recorder import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
+from fxflops.recording.size_stats import RuntimeCounts
 from fxflops.util import warn_once
 
 _state = threading.local()
@@ -216,7 +217,9 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     row = recorder().forward_row(tokens)
     # the tokens the scheduler gave this step: the padding is the rest (padding waste)
     scheduled = int(query_lens.sum())
-    row.note_scheduled(scheduled)
+    with row.lock:
+        if row.forward is not None:  # (a whole forward's row: always)
+            row.forward.note_scheduled(scheduled)
     try:  # what vLLM says of the step: never in the way of the step's own figures
         uncounted = _uncounted_forward(runner)
         if uncounted is not None:
@@ -229,9 +232,8 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
     except Exception as e:
         warn_once("vllm-engine-step", "fxflops: vLLM's own figures of a step not read "
                   "(%s: %s)", type(e).__name__, e)
-    if not row.runtime_terms:
-        row.runtime_terms = attention_layers(runner) + moe_dp_terms()
-        row.runtime_by_kind = {}
+    if row.runtime is None:
+        row.runtime = RuntimeCounts(attention_layers(runner) + moe_dp_terms(), by_kind=True)
     charge_runtime(row)
     return row
 
@@ -329,7 +331,7 @@ def forward_done(row: Any) -> None:
     pieces: V1 and V2 alike) ran as a graph replay: ``captured``."""
     if _replays() != getattr(_state, "replays", 0):
         with row.lock:
-            row.captured += 1
+            row.forward.captured += 1
 
 
 def end_step() -> None:
