@@ -103,13 +103,13 @@ f = torch.compile(lambda x: x + 1, backend=fxflops.backend(inner="eager"), dynam
 for n in range(2, 400):  # many sizes: a flush takes a while
     f(torch.randn(n))
 rec = fxflops.recorder()
-original = rec.files._write_report_only
+original = rec.files.write_report
 
-def write_then_be_signalled(path):
+def write_then_be_signalled(snapshot, path):
     os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the flush
-    original(path)
+    original(snapshot, path)
 
-rec.files._write_report_only = write_then_be_signalled
+rec.files.write_report = write_then_be_signalled
 try:
     rec.flush()
 except HostStop as e:
@@ -324,14 +324,14 @@ import os, sys, threading, time, torch, fxflops
 f = torch.compile(lambda x: x + 2, backend=fxflops.backend(inner="eager"), dynamic=True)
 f(torch.randn(2))
 rec = fxflops.recorder()
-write, entered = rec.files._write_report_only, threading.Event()
+write, entered = rec.files.write_report, threading.Event()
 
-def slow_write(path):
+def slow_write(snapshot, path):
     entered.set()
     time.sleep(1.0)
-    write(path)
+    write(snapshot, path)
 
-rec.files._write_report_only = slow_write
+rec.files.write_report = slow_write
 flusher = threading.Thread(target=rec.flush)
 flusher.start()
 entered.wait(60)  # that thread holds the flush lock now
@@ -364,8 +364,8 @@ def work(i):
         f(torch.randn(n))
     rec = fxflops.recorder()
     if not hasattr(rec, "slow"):  # each flush now takes 0.4 s: terminate lands in one
-        write, rec.slow = rec.files._write_report_only, True
-        rec.files._write_report_only = lambda path: (time.sleep(0.4), write(path))
+        write, rec.slow = rec.files.write_report, True
+        rec.files.write_report = lambda snapshot, path: (time.sleep(0.4), write(snapshot, path))
     return os.getpid()
 
 if __name__ == "__main__":

@@ -20,11 +20,10 @@ import torch
 
 from fxflops import config, torch_compat
 from fxflops.cost.graph_cost import Count, GraphCost, NodeCost, evaluate
-from fxflops.recording.recorder import Sink
+from fxflops.recording.recorder import Sink, Snapshot
 from fxflops.util import atomic_text, host_raised, human, warn_once
 
 if TYPE_CHECKING:
-    from fxflops.recording.recorder import Recorder
     from fxflops.recording.store import GraphRecord
 
 _ASSIGN = re.compile(r"^\s+(\w+)\s*(?::\s*\"[^\"]*\"\s*)?=")
@@ -228,9 +227,11 @@ class SizeDumps(Sink):
     def writes(self) -> bool:
         return bool(config.OUT.get())
 
-    def flush(self, recorder: Recorder, final: bool) -> None:
+    def record(self, snapshot: Snapshot) -> None:
+        if snapshot.beside:
+            return
         try:
-            for g in recorder.graphs_snapshot():
+            for g in snapshot.recorder.graphs:
                 dump_sizes(g)
         except Exception as e:
             if host_raised(e):

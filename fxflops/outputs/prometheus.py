@@ -26,12 +26,11 @@ graph's overflow row, add up under ``size="other"``.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
-from fxflops.recording.recorder import Sink
+from fxflops.recording.recorder import Sink, Snapshot
 from fxflops.report.build import forward_figures_of
 from fxflops.report.engine import COMPONENTS, estimate_comparison
 from fxflops.report.figures import sorted_rows
@@ -73,14 +72,10 @@ class Sample(NamedTuple):
 
 
 def samples(rec: Recorder) -> list[Sample]:
-    """Every counter and gauge of this process, from its rows as they are now (CUDA-graph
-    replays counted first: a scrape sees every replay made so far)."""
+    """Every counter and gauge of this process, from its rows as they are now (settled by
+    the caller: a flush, a scrape; ``Recorder.settle``)."""
     from fxflops.placement import placement
     from fxflops.report.figures import forward_cost, forward_costs
-
-    timing = sys.modules.get("fxflops.recording.cuda_events")
-    if timing is not None:
-        timing.collect_all()
 
     # the process's place: its global rank, and its data, pipeline and tensor-parallel
     # ranks and node where it has them (many processes' series stay apart)
@@ -244,20 +239,18 @@ class PrometheusFiles(Sink):
     and this node's exporter where ``FXFLOPS_PROMETHEUS_PORT`` asks for one and no process
     of the node serves it yet (one bind attempt per flush, never on the hot path)."""
 
-    def __init__(self, rec: Recorder) -> None:
-        self.recorder = rec
-
     def writes(self) -> bool:
         return metrics_dir() is not None
 
-    def flush(self, recorder: Recorder, final: bool) -> None:
+    def record(self, snapshot: Snapshot) -> None:
         where = metrics_dir()
-        if where:
-            write_or_warn(where, self._write)
+        if where and not snapshot.beside:
 
-    def _write(self, directory: str) -> None:
-        write_files(self.recorder, directory)
-        serve_node(directory)
+            def write(directory: str) -> None:
+                write_files(snapshot.recorder, directory)
+                serve_node(directory)
+
+            write_or_warn(where, write)
 
 
 def node_dir(port: int) -> str:
@@ -475,7 +468,7 @@ class RecorderCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        self.rec.settle()  # (open scopes' calls too)
+        self.rec.settle()  # (CUDA-graph replays counted: a scrape sees every one so far)
         families: dict[str, Any] = {}
         for s in samples(self.rec):
             family = families.get(s.family)

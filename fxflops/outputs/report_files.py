@@ -17,7 +17,7 @@ import time
 
 from fxflops import config
 from fxflops.outputs import lifecycle
-from fxflops.recording.recorder import Recorder, Sink
+from fxflops.recording.recorder import Recorder, Sink, Snapshot
 from fxflops.recording.store import GraphRecord, UninstrumentedGraph
 from fxflops.report.build import build_report, recorder_rows
 from fxflops.report.files import report_filename, started_filename, write_atomic
@@ -47,47 +47,42 @@ def log_line(rec: Recorder) -> str:
 
 
 class ReportFiles(Sink):
-    """The report in ``$FXFLOPS_OUT`` at each flush, and this process's started-file there
-    at its first graph."""
+    """The report in ``$FXFLOPS_OUT`` at each flush (beside another thread's flush too: a
+    whole file, written atomically), and this process's started-file there at its first
+    graph."""
 
-    def __init__(self, rec: Recorder) -> None:
-        self.recorder = rec
+    def __init__(self) -> None:
         self._started = False
 
     def writes(self) -> bool:
         return bool(config.OUT.get())
 
-    def flush(self, recorder: Recorder, final: bool) -> None:
-        path = report_path(recorder)
+    def record(self, snapshot: Snapshot) -> None:
+        path = report_path(snapshot.recorder)
         if path:
-            write_or_warn(path, self._write_report_only)
+            write_or_warn(path, lambda at: self.write_report(snapshot, at))
 
-    def flush_beside(self, recorder: Recorder) -> None:
-        # another thread is writing (a signal arrived meanwhile): the report beside its
-        path = report_path(recorder)
-        if path:
-            write_or_warn(path, self._write_report_only)
-
-    def _write_report_only(self, path: str) -> None:
-        write_atomic(build_report(self.recorder), path)
+    def write_report(self, snapshot: Snapshot, path: str) -> None:
+        """The report of ``snapshot``, written atomically to ``path``."""
+        write_atomic(build_report(snapshot.recorder), path)
 
     def registered(self, recorder: Recorder, record: GraphRecord | UninstrumentedGraph
                    ) -> None:
         if not self._started:
             self._started = True
-            self._write_started_file()
+            self._write_started_file(recorder)
 
     def after_fork(self, recorder: Recorder) -> None:
         if self._started:  # a child of its own: its started-file
-            self._write_started_file()
+            self._write_started_file(recorder)
 
-    def _write_started_file(self) -> None:
+    @staticmethod
+    def _write_started_file(rec: Recorder) -> None:
         """``OUT/fxflops-HOST-PID.started``: this process records here, so that a report it
         never wrote (killed before its first flush) is named missing, not just absent."""
         out = config.OUT.get()
         if not out:
             return
-        rec = self.recorder
         info = {"pid": os.getpid(), "host": socket.gethostname(), "run": rec.run_id,
                 "started": rec.started, "argv": sys.argv[:8]}
         try:

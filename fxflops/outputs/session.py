@@ -38,7 +38,7 @@ def attach(rec: Recorder) -> Recorder:
     with _ATTACHING:
         if rec.sink(PeriodicFlush) is None:
             lifecycle.install_fork_hook()
-            for sink in (SizeDumps(), ReportFiles(rec), metrics.PrometheusFiles(rec),
+            for sink in (SizeDumps(), ReportFiles(), metrics.PrometheusFiles(),
                          PeriodicFlush(rec)):
                 rec.subscribe(sink)
     return rec

@@ -3,14 +3,15 @@ says; its sinks, by composition; the process's one recorder (``recorder()``).
 
 The recorder holds data and writes nothing. What writes (the report files and their
 periodic flush, the Prometheus counters, the graph dumps: ``fxflops.outputs``) subscribes
-to it as a ``Sink`` and is told when a graph is registered, when to flush, after a fork, at
-a reset and at a stop. Sinks are attached by the layers above (``outputs.session.attach``,
+to it as a ``Sink``: it is told when a graph is registered, after a fork, at a reset and at
+a stop, and at each flush it is handed one ``Snapshot`` (the same for every sink), which
+it writes from: a sink keeps no reference to the recorder to write from. Sinks are attached by the layers above (``outputs.session.attach``,
 called where a graph is first registered and by ``fxflops.recorder()``), never at import.
 
 A flush is one writer at a time: the CUDA-event samples are collected (``settle``) once,
-then each sink writes. A signal handler's flush never
-waits for the lock: where another thread is flushing, each sink writes what it can beside
-it (``Sink.flush_beside``); where its own thread was flushing, what the signal does next is
+one snapshot is taken, then each sink records it. A signal handler's flush never waits for
+the lock: where another thread is flushing, each sink is handed a snapshot marked
+``beside`` and writes what it can beside that flush, whole files only; where its own thread was flushing, what the signal does next is
 deferred to the flush's end (``defer``).
 """
 
@@ -21,7 +22,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fxflops import placement
 from fxflops.cost.graph_cost import GraphCost
@@ -33,6 +34,17 @@ from fxflops.recording.scopes import RecordingScope
 from fxflops.recording.size_stats import ForwardCounts, SizeStats
 from fxflops.recording.store import BackwardPasses, GraphRecord, UninstrumentedGraph
 from fxflops.util import forget_warnings
+
+
+class Snapshot(NamedTuple):
+    """What one flush hands every sink: the recorder as the flush found it (``recorder``:
+    a read-only copy, its graphs and whole forwards as of the flush, the rows settled
+    once), whether it is the last (``final``: at exit or at a signal), and whether another
+    thread's flush is under way (``beside``: a signal's; write whole files only)."""
+
+    recorder: Recorder
+    final: bool = False
+    beside: bool = False
 
 
 class Sink:
@@ -47,14 +59,11 @@ class Sink:
         """Whether a flush would write anything now (somewhere to write to)."""
         return False
 
-    def flush(self, recorder: Recorder, final: bool) -> None:
-        """Write now, under the recorder's flush lock, the rows settled (``final``: at
-        exit or at a signal). Catches its own errors, except the host's
+    def record(self, snapshot: Snapshot) -> None:
+        """Write ``snapshot`` now (under the recorder's flush lock, unless it is
+        ``beside`` another thread's flush: then only what can be written beside it, whole
+        files only, or nothing). Catches its own errors, except the host's
         (``util.host_raised``)."""
-
-    def flush_beside(self, recorder: Recorder) -> None:
-        """(A signal handler, while another thread flushes.) Write what can be written
-        without waiting for that flush, whole files only."""
 
     def after_fork(self, recorder: Recorder) -> None:
         """(In a forked child, the recorder's counts already empty.)"""
@@ -250,6 +259,18 @@ class Recorder:
         and the CUDA-event samples that have arrived (``collection.collect_samples``)."""
         collect_samples(wait=wait, final=final, in_signal=in_signal)
 
+    def snapshot(self, final: bool = False, beside: bool = False) -> Snapshot:
+        """This recorder as it is now, for the sinks: its graphs and whole forwards
+        listed once (the rows are the live ones: a row only adds to its counters)."""
+        view = copy.copy(self)
+        view.graphs = self.graphs_snapshot()
+        view.forwards, view.draft_forwards = dict(self.forwards), dict(self.draft_forwards)
+        view.warmup_forwards = {phase: dict(rows)
+                                for phase, rows in list(self.warmup_forwards.items())}
+        view.uninstrumented = list(self.uninstrumented)
+        view.sinks, view.scopes = [], []
+        return Snapshot(view, final, beside)
+
     def has_data(self) -> bool:
         return bool(self.graphs or self.uninstrumented or self.forwards)
 
@@ -265,14 +286,16 @@ class Recorder:
             return
         if not self._flush_lock.acquire(blocking=not in_signal):
             # another thread is flushing (a signal arrived meanwhile): beside it
+            beside = self.snapshot(final, beside=True)
             for s in sinks:
-                s.flush_beside(self)
+                s.record(beside)
             return
         self._flushing.now = True
         try:
             self.settle(wait=True, final=final, in_signal=in_signal)
+            snapshot = self.snapshot(final)
             for s in sinks:
-                s.flush(self, final)
+                s.record(snapshot)
         finally:
             self._flushing.now = False
             self._flush_lock.release()
