@@ -45,7 +45,7 @@ import torch
 
 import fxflops
 from fxflops import config
-from fxflops.instrument import plan, wrap
+from fxflops.instrument import registration, wrap
 from fxflops.recording import cuda_events
 from fxflops.recording.size_stats import SizeStats
 
@@ -186,7 +186,7 @@ def per_call(cuda: StandInCuda, pairs: int) -> None:
 
     wrap.plan = planned_on_gpu
     wrap.clock_for = lambda device: cuda_events.CudaEventClock(cuda)
-    plan.device_name = lambda device: "stand-in GPU"
+    registration.device_name = lambda device: "stand-in GPU"
     try:
         on_gpu = torch.compile(gpu_fn, backend=fxflops.backend(inner="eager"))
         with torch.no_grad():

@@ -29,7 +29,7 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "recorder": ("fxflops.outputs.session", "session"),
     "reset_recorder": ("fxflops.outputs.session", "reset_session"),
     "scope": "fxflops.report.scope",
-    "peak": "fxflops.report.peaks",
+    "peak": "fxflops.peaks.devices",
     "load_report": "fxflops.report.files",
 }
 
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from fxflops.instrument.eager import eager
     from fxflops.outputs.session import reset_session as reset_recorder
     from fxflops.outputs.session import session as recorder
+    from fxflops.peaks.devices import peak
     from fxflops.report.files import load_report
-    from fxflops.report.peaks import peak
     from fxflops.report.scope import scope
 
 

@@ -786,7 +786,7 @@ def check_peak() -> Outcome:
     import torch
 
     from fxflops.cli.peak import measure
-    from fxflops.report.peaks import current_peak
+    from fxflops.peaks.devices import current_peak
 
     name = torch.cuda.get_device_name()
     table = current_peak(name, "bf16")

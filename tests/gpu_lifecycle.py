@@ -156,17 +156,9 @@ def install_simulator(sim: CudaSim, patcher: Any) -> None:
 def on_gpu(patcher: Any) -> None:
     """Graphs instrumented from now on are planned for "cuda" (their example inputs are CPU
     tensors here), so they are timed by (simulated) CUDA events."""
-    from fxflops.instrument import plan, wrap
+    from tests.helpers import plan_on_gpu
 
-    real_plan = wrap.plan
-
-    def planned_on_gpu(*args: Any, **kwargs: Any) -> Any:
-        graph_plan = real_plan(*args, **kwargs)
-        graph_plan.device = "cuda"
-        return graph_plan
-
-    patcher.setattr(wrap, "plan", planned_on_gpu)
-    patcher.setattr(plan, "device_name", lambda device: "NVIDIA H200")
+    plan_on_gpu(patcher)
 
 
 # vLLM's default capture sizes (``CompilationConfig``: 1, 2, 4, then every 8 up to 512): 67

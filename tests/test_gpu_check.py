@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.cuda_sim import CudaSim
+from tests.helpers import compile_on_sim
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
@@ -56,7 +57,6 @@ def launching(sim: CudaSim):
 
 @pytest.fixture()
 def rehearsal(monkeypatch, tmp_path):
-    from fxflops.instrument import plan, wrap
     from fxflops.recording import cuda_events
 
     module = load_script()
@@ -67,16 +67,7 @@ def rehearsal(monkeypatch, tmp_path):
     sim = CudaSim(lag=2, devices=1).install(monkeypatch, leave=("is_available", "device_count"))
     monkeypatch.setattr(module, "INNER", launching(sim))
     # graphs planned for "cuda": timed by the simulator's events, captured and replayed
-    monkeypatch.setattr(wrap, "clock_for", lambda device: cuda_events.CudaEventClock(sim))
-    real_plan = wrap.plan
-
-    def on_gpu(*args, **kwargs):
-        graph_plan = real_plan(*args, **kwargs)
-        graph_plan.device = "cuda"
-        return graph_plan
-
-    monkeypatch.setattr(wrap, "plan", on_gpu)
-    monkeypatch.setattr(plan, "device_name", lambda device: "NVIDIA H200")
+    compile_on_sim(monkeypatch, sim)
     # the simulator's graphs have no DOT dump: their nodes are counted from its own list
     monkeypatch.setattr(module, "debug_graph", lambda: sim.CUDAGraph())
     monkeypatch.setattr(module, "graph_nodes", lambda g: len(g._nodes))

@@ -302,9 +302,9 @@ def test_peak_measure_is_kept_as_this_hosts_peak(tmp_path):
                         "--n", "512"], env=env)
     assert result.returncode == 0, result.stderr
     check = ("import json\n"
-             "from fxflops.report.peaks import current_peak, load_measured\n"
-             "from fxflops.report.cpu_peak import host_peak\n"
-             "from fxflops.instrument.plan import device_name\n"
+             "from fxflops.peaks.devices import current_peak, load_measured\n"
+             "from fxflops.peaks.cpu import host_peak\n"
+             "from fxflops.peaks.devices import device_name\n"
              "kept = load_measured(device_name('cpu'))\n"
              "peak = current_peak(device_name('cpu'), 'fp32')\n"
              "print(json.dumps({'kept': kept['tflops']['fp32'], 'source': peak['source'],"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fxflops
-from fxflops.report.peaks import DEVICES, current_peak, match_device
+from fxflops.peaks.devices import DEVICES, current_peak, match_device
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -97,7 +97,7 @@ CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel na
 ])
 def test_a_cpus_peak_is_derived_from_its_isa_cores_and_clock(text, cpus, threads, base, dtype,
                                                              tflops, isa):
-    from fxflops.report.cpu_peak import CpuFacts, derive
+    from fxflops.peaks.cpu import CpuFacts, derive
 
     facts = CpuFacts.parse(text, cpus=cpus, torch_threads=threads, base_mhz=base)
     got, source = derive(facts, dtype)
@@ -137,7 +137,7 @@ def _sysfs(root, files):
     ({}, None, "no clock known"),
 ])
 def test_an_arm_hosts_peak_reads_its_clock_from_sysfs(tmp_path, files, clock_ghz, label):
-    from fxflops.report.cpu_peak import derive, read_facts
+    from fxflops.peaks.cpu import derive, read_facts
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(ARM_CPUINFO)
@@ -174,7 +174,7 @@ OLD_KERNEL = {name.replace("core_cpus_list", "thread_siblings_list"): text
     ([0, 1, 2, 3], {}, 2),
 ])
 def test_the_cores_are_those_the_allowed_cpus_are_on(tmp_path, allowed, files, cores):
-    from fxflops.report.cpu_peak import read_facts
+    from fxflops.peaks.cpu import read_facts
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2 fma\nsiblings\t: 8\ncpu cores\t: 4\n"
@@ -189,7 +189,7 @@ def test_the_cores_are_those_the_allowed_cpus_are_on(tmp_path, allowed, files, c
 
 
 def test_a_cpu_without_known_vector_flags_is_not_called_sse():
-    from fxflops.report.cpu_peak import CpuFacts, derive
+    from fxflops.peaks.cpu import CpuFacts, derive
 
     power = CpuFacts.parse("processor\t: 0\ncpu\t\t: POWER9\nclock\t\t: 3800.000000MHz\n",
                            cpus=2, base_mhz=3800.0)
@@ -204,8 +204,8 @@ def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(m
                                                                                tmp_path, request):
     """Out of the box a CPU run's report has a peak (source "derived: ...") and its rows an
     MFU; ``fxflops peak --measure``'s figure replaces it; the environment overrides both."""
-    from fxflops.report import cpu_bandwidth
-    from fxflops.report.peaks import save_measured
+    from fxflops.peaks import cpu_bandwidth
+    from fxflops.peaks.devices import save_measured
 
     # (a cache of its own: the figure it keeps must not become later tests' peak; the
     # host's bandwidth kept in it as any fxflops command keeps it)
@@ -246,7 +246,7 @@ def test_a_cpu_report_has_a_derived_peak_and_mfu_which_a_measured_one_replaces(m
 def bandwidth_cache(tmp_path, monkeypatch):
     """An empty peak cache of this test's own, nothing measured in this process yet, and
     the measurements made counted (each a real one)."""
-    from fxflops.report import cpu_bandwidth
+    from fxflops.peaks import cpu_bandwidth
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("FXFLOPS_PEAK_TFLOPS", raising=False)
@@ -271,7 +271,7 @@ def test_a_recording_process_never_measures_the_bandwidth(tmp_path, monkeypatch)
     """A process that records a model (the library, a server, a training job) reads the
     kept figure and never measures: nothing kept, no memory roof, nothing measured; the
     ``fxflops`` command may (``allow_measuring``)."""
-    from fxflops.report import cpu_bandwidth
+    from fxflops.peaks import cpu_bandwidth
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_bandwidth, "_MAY_MEASURE", [])
@@ -285,14 +285,14 @@ def test_a_recording_process_never_measures_the_bandwidth(tmp_path, monkeypatch)
 
 
 def _cached(device):
-    from fxflops.report.peak_cache import cache_path
+    from fxflops.peaks.cache import cache_path
 
     with open(cache_path()) as f:
         return json.load(f)[device]["bandwidth"]
 
 
 def test_a_cpus_bandwidth_is_measured_once_in_well_under_a_second_and_kept(bandwidth_cache):
-    from fxflops.report import cpu_bandwidth
+    from fxflops.peaks import cpu_bandwidth
 
     first = cpu_bandwidth.host_bandwidth("cpu:test")
     assert first is not None and first.gbps > 0 and first.kernel in ("copy", "triad")
@@ -311,8 +311,8 @@ def test_a_cpus_bandwidth_is_measured_again_when_its_facts_change(bandwidth_cach
                                                                    monkeypatch):
     """Kept per facts, as the FLOP/s peak is derived from them: other cores (or another
     clock, another CPU model) measure again and keep their figure beside the first."""
-    from fxflops.report import cpu_bandwidth
-    from fxflops.report.cpu_peak import CpuFacts
+    from fxflops.peaks import cpu_bandwidth
+    from fxflops.peaks.cpu import CpuFacts
 
     facts = CpuFacts(frozenset({"avx2"}), model_name="Test CPU", clock_ghz=2.0, cpus=2)
     monkeypatch.setattr(cpu_bandwidth, "this_host", lambda: facts)
@@ -338,7 +338,8 @@ def test_a_cpus_bandwidth_is_measured_again_when_its_facts_change(bandwidth_cach
 ])
 def test_a_bad_peak_cache_is_warned_about_once_and_written_over(bandwidth_cache, fxflops_log,
                                                                 content, problem):
-    from fxflops.report import cpu_bandwidth, peak_cache
+    from fxflops.peaks import cache as peak_cache
+    from fxflops.peaks import cpu_bandwidth
 
     key = cpu_bandwidth.facts_key(cpu_bandwidth.this_host(), torch.get_num_threads())
     path = peak_cache.cache_path()
@@ -358,7 +359,7 @@ def test_a_bad_peak_cache_is_warned_about_once_and_written_over(bandwidth_cache,
 def test_the_peak_cache_is_replaced_whole_never_written_in_place(tmp_path, monkeypatch):
     """A reader holding the old file keeps reading the old file whole (a new file renamed
     over it), and no temporary file is left beside it."""
-    from fxflops.report import peak_cache
+    from fxflops.peaks import cache as peak_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     peak_cache.update_device("cpu:a", {"gbps": 1.0})
@@ -376,7 +377,8 @@ def test_a_process_waits_for_the_one_measuring_and_reads_its_figure(bandwidth_ca
     """While one process holds the cache's lock (measuring), another waits for it, then
     reads the figure kept and measures nothing: two processes never measure side by side
     (each would see half the memory, and keep that)."""
-    from fxflops.report import cpu_bandwidth, peak_cache
+    from fxflops.peaks import cache as peak_cache
+    from fxflops.peaks import cpu_bandwidth
 
     key = cpu_bandwidth.facts_key(cpu_bandwidth.this_host(), torch.get_num_threads())
     got = {}
@@ -420,6 +422,6 @@ def test_the_environments_bandwidth_is_taken_and_nothing_is_measured(bandwidth_c
     ("env", "env"), ("measured", "measured"), ("env+measured", "env+measured"),
     ("none", "none"), ("", "none"), (None, "none")])
 def test_a_peaks_source_in_a_word(source, label):
-    from fxflops.report.run_peak import source_label
+    from fxflops.peaks.of_run import source_label
 
     assert source_label(source) == label

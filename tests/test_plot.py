@@ -95,7 +95,7 @@ def _title(ax):
 
 def test_a_cpu_runs_plot_draws_both_roofs_at_the_derived_peak(tmp_path, monkeypatch, capsys,
                                                              request):
-    from fxflops.report import cpu_bandwidth
+    from fxflops.peaks import cpu_bandwidth
 
     # the host's bandwidth kept, as any fxflops command keeps it (a recording process reads
     # it, never measures it); a cache of this test's own

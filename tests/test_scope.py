@@ -240,7 +240,7 @@ def test_a_scope_on_a_gpu_has_every_sample_where_it_belongs(sim, monkeypatch):
     """CUDA-event timed calls (the simulator, the device two host steps behind): a scope
     counts its calls when made and times them when their events are read, after it closed
     too, and the process-wide rows get those late samples as well."""
-    from tests.test_timing import compile_on_sim, on_device
+    from tests.helpers import compile_on_sim, on_device
 
     compile_on_sim(monkeypatch, sim)
     compiled = torch.compile(torch.nn.Linear(8, 8),
@@ -277,7 +277,7 @@ def test_a_scope_sees_cuda_graph_replays_as_the_recorders_difference(sim, monkey
     and after a scope, the device two replays behind: the scope's rows are exactly what the
     process's rows gained from its opening to its closing, calls, samples (the last two
     read after it closed), losses and time, and nothing of the replays after it."""
-    from tests.test_timing import compile_on_sim, on_device
+    from tests.helpers import compile_on_sim, on_device
 
     compile_on_sim(monkeypatch, sim)
     monkeypatch.setenv("FXFLOPS_REPLAY_SAMPLE_EVERY", "4")

@@ -334,21 +334,13 @@ def test_capture_and_replays_on_the_cuda_simulator(sites, model, monkeypatch):
     forward called eagerly, then captured once under ``torch.cuda.graph`` (simulated: no
     GPU here), then replayed; each replay is counted in the size's row (its CUDA events
     are recorded in the graph) and timed; no CUDA rule broken."""
-    from fxflops.instrument import plan, wrap
     from tests.cuda_sim import CudaSim
+    from tests.helpers import plan_on_gpu
 
     # (torch.cuda.is_available left as it is: Dynamo saves the CUDA RNG's state where it
     # says True, which the simulator does not stand in for)
     sim = CudaSim(lag=2, devices=1).install(monkeypatch, leave=("is_available",))
-    real_plan = wrap.plan
-
-    def planned_on_gpu(*args, **kwargs):
-        graph_plan = real_plan(*args, **kwargs)
-        graph_plan.device = "cuda"
-        return graph_plan
-
-    monkeypatch.setattr(wrap, "plan", planned_on_gpu)
-    monkeypatch.setattr(plan, "device_name", lambda device: "NVIDIA H200")
+    plan_on_gpu(monkeypatch)
     switch_on(monkeypatch)
     m, batch = model
     try:

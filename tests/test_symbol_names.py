@@ -190,8 +190,7 @@ def test_a_vllm_piece_names_its_symbol(monkeypatch, tmp_path):
 
     from fxflops.integrations.vllm import plugin
     from fxflops.util import meta_value
-    from tests.test_vllm_inprocess import dynamo_graph
-    from tests.test_vllm_symbols import compiler_manager_kwargs
+    from tests.helpers import compiler_manager_kwargs, dynamo_graph
 
     plugin.install()
     w = torch.randn(32, 64)

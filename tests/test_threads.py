@@ -24,7 +24,7 @@ import fxflops
 from fxflops.recording import cuda_events
 from fxflops.recording.size_stats import RuntimeCounts, SizeStats
 from tests.cuda_sim import CudaSim
-from tests.test_timing import compile_on_sim, on_device
+from tests.helpers import compile_on_sim, on_device
 
 THREADS, CALLS = 4, 300
 SIZES = {"one size": (8,), "mixed sizes": (3, 8, 13)}

@@ -24,11 +24,12 @@ import torch
 
 import fxflops
 from fxflops import config, torch_compat
-from fxflops.instrument import plan, wrap
+from fxflops.instrument import wrap
 from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
 from fxflops.report.files import load_reports
 from tests.cuda_sim import CudaSim
+from tests.helpers import compile_on_sim, on_device
 
 
 @pytest.fixture
@@ -93,35 +94,6 @@ def test_a_collection_waits_a_bounded_time_for_a_hung_device(sim):
     assert 0.25 <= time.monotonic() - t0 < 2.0
     assert got.in_flight == 1 and row.count == 1 and row.samples_taken == 0
     assert not [c for c in sim.calls if "synchronize" in c[1]]
-
-
-def compile_on_sim(monkeypatch, sim) -> None:
-    """Graphs compiled from now on are planned for "cuda" and timed by the simulator's
-    events (no GPU here)."""
-    monkeypatch.setattr(wrap, "clock_for", lambda device: cuda_events.CudaEventClock(sim))
-    real_plan = wrap.plan
-
-    def on_gpu(*args, **kwargs):
-        graph_plan = real_plan(*args, **kwargs)
-        graph_plan.device = "cuda"
-        return graph_plan
-
-    monkeypatch.setattr(wrap, "plan", on_gpu)
-    monkeypatch.setattr(plan, "device_name", lambda device: "NVIDIA H200")
-
-
-def on_device(sim, ms: float):
-    """An inner backend whose compiled graph also runs ``ms`` of work on the (simulated)
-    device, as a GPU graph's kernels would."""
-
-    def inner(gm, example_inputs):
-        def run(*args):
-            sim.launch(ms)
-            return gm.forward(*args)
-
-        return run
-
-    return inner
 
 
 def test_calls_in_the_report_equal_calls_made_after_a_flush(sim, monkeypatch, tmp_path):

@@ -19,8 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import fxflops
 from fxflops.report.steps import training_steps
 from tests import procs
+from tests.helpers import torch_lacks
 from tests.models import SmallCNN
-from tests.test_analysis import torch_lacks
 
 CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
 

@@ -16,13 +16,13 @@ import pytest
 from fxflops.report.files import load_reports
 from fxflops.report.merge import merge_rows
 from tests import procs
+from tests.helpers import HEAD_DIM, HEADS, KV_HEADS, LAYERS, dense_matmul_per_token
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
 ROOT = Path(__file__).resolve().parents[1]
 # examples/vllm_tiny.py: two prompts of 12 and 17 tokens, 8 new tokens each
 PROMPTS = (12, 17)
-HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 
 
 def run_tiny(out: Path, *extra: str, env: dict | None = None) -> str:
@@ -62,15 +62,6 @@ def test_bad_environment_value_warns_and_the_run_goes_on(cold):
 def rows_by_size(report: dict) -> dict:
     (graph,) = report["graphs"]
     return {r["size"]: r for r in graph["rows"]}
-
-
-def dense_matmul_per_token(hidden=HIDDEN, inter=INTER, layers=LAYERS, heads=HEADS,
-                           kv_heads=KV_HEADS, head_dim=HEAD_DIM) -> int:
-    """Independent analytic count: QKV, O, gate_up and down projections, 2 FLOPs a MAC."""
-    qkv = hidden * (heads + 2 * kv_heads) * head_dim
-    o = heads * head_dim * hidden
-    mlp = hidden * 2 * inter + inter * hidden
-    return layers * 2 * (qkv + o + mlp)
 
 
 def test_mode2_cold_start_rows_flops_and_attention(cold):

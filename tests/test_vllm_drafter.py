@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import fxflops
-from tests.test_vllm_kv_cache import HEAD, HEADS, KV_HEADS, config_with_cache
+from tests.helpers import HEAD_DIM as HEAD
+from tests.helpers import HEADS, KV_HEADS, config_with_cache
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -122,8 +123,7 @@ def test_mode3_pieces_of_a_drafter_are_its_own(monkeypatch, tmp_path):
 
     from fxflops.integrations.vllm import plugin
     from fxflops.report.figures import forward_costs
-    from tests.test_vllm_inprocess import dynamo_graph
-    from tests.test_vllm_symbols import compiler_manager_kwargs
+    from tests.helpers import compiler_manager_kwargs, dynamo_graph
 
     plugin.install()
     w = torch.randn(16, 8)

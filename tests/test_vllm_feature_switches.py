@@ -61,8 +61,7 @@ def compile_and_run(tmp_path) -> list[dict]:
     from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
     from vllm.config.utils import Range
 
-    from tests.test_vllm_inprocess import dynamo_graph
-    from tests.test_vllm_symbols import compiler_manager_kwargs
+    from tests.helpers import compiler_manager_kwargs, dynamo_graph
 
     w = torch.randn(32, 64)
     x = torch.randn(8, 32)

@@ -170,7 +170,7 @@ def test_vllms_estimate_is_read_step_for_step(runs, name):
     nothing, which vLLM counts as a full weight read)."""
     from vllm.v1.metrics.perf import ExecutionContext
 
-    from tests.test_vllm_families import perf_model
+    from tests.helpers import perf_model
 
     report, counters, _ = runs[name]
     estimate = report["engine"]["estimate"]

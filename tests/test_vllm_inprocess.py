@@ -12,6 +12,7 @@ import torch
 
 import fxflops
 from tests import procs
+from tests.helpers import dynamo_graph
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -97,19 +98,6 @@ def _silu_mm(x, w):
     return torch.nn.functional.silu(x @ w) * 2
 
 
-def dynamo_graph(fn, *args) -> dict:
-    """The graph Dynamo makes of ``fn(*args)`` and its example inputs, as vLLM's piecewise
-    backend receives them (``{"gm": ..., "ex": ...}``)."""
-    captured = {}
-
-    def grab(gm, example_inputs):
-        captured["gm"], captured["ex"] = gm, example_inputs
-        return gm.forward
-
-    torch.compile(fn, backend=grab)(*args)
-    return captured
-
-
 def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_path):
     """Drives vLLM's own CompilerManager (mode 3's compiler) with a real Dynamo graph.
 
@@ -131,7 +119,7 @@ def test_piecewise_compiler_instruments_compile_and_cache_load(monkeypatch, tmp_
     captured = dynamo_graph(_silu_mm, x, w)
     cc = CompilationConfig(mode=3, backend="inductor")
 
-    from tests.test_vllm_symbols import compiler_manager_kwargs
+    from tests.helpers import compiler_manager_kwargs
 
     def compile_once():
         manager = CompilerManager(cc, **compiler_manager_kwargs())  # 0.33: a required keyword

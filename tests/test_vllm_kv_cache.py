@@ -10,36 +10,22 @@ value.
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from tests.helpers import HEAD_DIM, HEADS, KV_HEADS, config_with_cache
+
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
 
-HEADS, KV_HEADS, HEAD = 4, 2, 64
+HEAD = HEAD_DIM
 # bytes a cached value takes, by hand, for the dtypes vLLM's CPU attention takes (and the
 # model's own, bf16, for "auto")
 VALUE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
-def config_with_cache(cache_dtype: str):
-    from vllm.engine.arg_utils import EngineArgs
-
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    import vllm_tiny
-
-    path = vllm_tiny.tiny_llama(os.path.join(tempfile.gettempdir(), "fxflops-tiny-llama"))
-    return EngineArgs(model=path, load_format="dummy", skip_tokenizer_init=True,
-                      dtype="bfloat16", max_model_len=512, kv_cache_dtype=cache_dtype,
-                      block_size=32).create_engine_config()
 
 
 def attention_runner(cache_dtype: str, layers: int = 2):

@@ -15,7 +15,7 @@ import torch
 from torch._subclasses import FakeTensorMode
 
 import fxflops
-from tests.test_formulas_gpu_ops import graph_of
+from tests.helpers import graph_of
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm

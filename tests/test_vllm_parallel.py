@@ -22,8 +22,8 @@ from fxflops.report.merge import merge_rows
 from fxflops.report.rows import flat_rows
 from fxflops.report.tuning import served_sizes
 from tests import procs
+from tests.helpers import dense_matmul_per_token
 from tests.ports import free_port
-from tests.test_vllm import dense_matmul_per_token
 from tests.vllm_server import Server, process_labels
 
 ROOT = Path(__file__).resolve().parents[1]

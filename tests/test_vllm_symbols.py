@@ -5,7 +5,6 @@ then it is absent indeed: the table cannot go stale either way."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from fxflops.integrations.vllm.symbols import (  # noqa: E402
     Symbol,
     resolve,
 )
+from tests.helpers import compiler_manager_kwargs  # noqa: E402
 
 RELEASE = ".".join(vllm.__version__.split(".")[:2])
 
@@ -107,13 +107,6 @@ def test_compiler_manager_is_built_as_each_release_builds_it():
 
     manager = CompilerManager(CompilationConfig(mode=3), **compiler_manager_kwargs())
     assert hasattr(manager, "compile")
-
-
-def compiler_manager_kwargs() -> dict:
-    from vllm.compilation.backends import CompilerManager
-
-    params = inspect.signature(CompilerManager.__init__).parameters
-    return {"use_aot_compile": True} if "use_aot_compile" in params else {}
 
 
 def test_every_warmup_method_is_in_the_table():

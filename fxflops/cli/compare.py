@@ -9,11 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from fxflops.cli.tables import fmt_num, make_console
+from fxflops.peaks.of_run import run_peak
 from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
-from fxflops.report.run_peak import run_peak
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 

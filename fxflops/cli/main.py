@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from fxflops.report.cpu_bandwidth import allow_measuring
+    from fxflops.peaks.cpu_bandwidth import allow_measuring
 
     allow_measuring()  # (a process started to make figures: it may measure the CPU's)
     try:

@@ -49,7 +49,7 @@ def measure(device: str, dtype_name: str, n: int, iters: int = 20) -> tuple[floa
 
     mm_s = best(lambda: torch.mm(a, b))
     if device != "cuda":
-        from fxflops.report.cpu_bandwidth import measure as measure_bandwidth
+        from fxflops.peaks.cpu_bandwidth import measure as measure_bandwidth
 
         return 2 * n**3 / mm_s / 1e12, measure_bandwidth().gbps
     src = torch.empty(64 << 20, dtype=torch.uint8, device=device)
@@ -62,7 +62,7 @@ def measure(device: str, dtype_name: str, n: int, iters: int = 20) -> tuple[floa
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fxflops.report.peaks import current_peak, device_name
+    from fxflops.peaks.devices import current_peak, device_name
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -94,7 +94,7 @@ def _figure(value: float | None) -> str:
 
 def _measure_and_keep(device: str, n: int) -> int:
     """``--measure``: a GEMM per dtype and a copy; kept for this device (``peaks``)."""
-    from fxflops.report.peaks import device_name, match_device, save_measured
+    from fxflops.peaks.devices import device_name, match_device, save_measured
 
     name = device_name(device)
     dtypes = ("bf16", "fp16", "fp32") if device == "cuda" else ("fp32", "bf16")

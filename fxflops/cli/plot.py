@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from math import prod
 from typing import Any
 
+from fxflops.peaks.of_run import no_roofline, run_device, run_peak, source_label
 from fxflops.recording.size_stats import parse_size
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
-from fxflops.report.run_peak import no_roofline, run_device, run_peak, source_label
 from fxflops.report.schema import ReportError
 from fxflops.util import write_output
 

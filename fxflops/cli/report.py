@@ -15,12 +15,12 @@ from rich.table import Table
 
 from fxflops.cli.args import positive_int
 from fxflops.cli.tables import fmt_bytes, fmt_num, fmt_pct, make_console
+from fxflops.peaks.of_run import run_peak
 from fxflops.placement import place_of
 from fxflops.report.figures import size_order
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.merge import describe, merge_rows, merge_steps, merged_anything
 from fxflops.report.rows import WHOLE_FORWARDS, flat_rows
-from fxflops.report.run_peak import run_peak
 from fxflops.report.schema import ReportError
 from fxflops.report.steps import training_steps
 from fxflops.util import write_output

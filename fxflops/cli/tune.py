@@ -2,19 +2,20 @@
 
 One run (a report, or a folder of one run's ranks): the sizes it served, and the
 ``compile_sizes`` / ``cudagraph_capture_sizes`` that minimise the expected time per step for
-that traffic within ``--max-sizes`` (``fxflops.report.tuning``).
+that traffic within ``--max-sizes``.
 
 Two runs or more, to confirm: a size is *specialised* in a run when a static graph (no size
 symbols) ran at it; otherwise the general (dynamic) graph served it. For every size seen
 both ways, the gain is the general median over the specialised one; sizes whose gain beats
 the threshold are recommended, ranked by gain weighted by how often the size was called.
+
+Both are ``fxflops.report.tuning``'s; this module reads the arguments and prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from typing import Any
 
 from rich.table import Table
@@ -23,7 +24,16 @@ from fxflops.cli.args import non_negative_float, positive_int
 from fxflops.cli.tables import fmt_pct, make_console
 from fxflops.report.files import load_reports, run_id
 from fxflops.report.schema import ReportError
-from fxflops.report.tuning import Served, by_stage, layout, pipeline_served, served_sizes, traffic
+from fxflops.report.tuning import (
+    Served,
+    by_stage,
+    confirm,
+    layout,
+    pipeline_served,
+    served_sizes,
+    size_times,
+    traffic,
+)
 from fxflops.report.tuning import recommend as recommend_one_run
 
 
@@ -39,53 +49,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def size_times(report_paths: list[str]) -> dict[str, dict[int, list[tuple[float, int]]]]:
-    """{"general"|"specialised": {size: [(median ms, calls), ...]}} over all runs."""
-    out: dict[str, dict[int, list[tuple[float, int]]]] = {
-        "general": defaultdict(list), "specialised": defaultdict(list)}
-    for path in report_paths:
-        for rep in load_reports([path]):
-            # symbols and meta are optional in a report (a graph without: no size symbols)
-            static_sizes = {r["size"] for g in rep["graphs"] if not g.get("symbols")
-                            for r in g["rows"] if isinstance(r["size"], int)}
-            compile_sizes = ((g.get("meta") or {}).get("compile_size") for g in rep["graphs"])
-            static_sizes |= {s for s in compile_sizes if s is not None}
-            if rep["forward"]:
-                timed = {r["size"]: (r["median_ms"], r["calls"]) for r in rep["forward"]}
-            else:  # no whole-forward rows: sum the graphs' medians per size
-                timed = {}
-                for g in rep["graphs"]:
-                    for r in g["rows"]:
-                        if isinstance(r["size"], int):
-                            ms, calls = timed.get(r["size"], (0.0, 0))
-                            timed[r["size"]] = (ms + r["median_ms"], max(calls, r["calls"]))
-            for size, (ms, calls) in timed.items():
-                if isinstance(size, int):
-                    kind = "specialised" if size in static_sizes else "general"
-                    out[kind][size].append((ms, calls))
-    return out
-
-
-def recommend(times: dict[str, dict[int, list[tuple[float, int]]]],
-              threshold: float) -> list[dict[str, Any]]:
-    gen, spec = times["general"], times["specialised"]
-    both = sorted(set(gen) & set(spec))
-    if not both:
-        raise ReportError("no size was run both with and without a specialised graph: "
-                          "run once without compile_sizes and once with them")
-    total_calls = sum(c for s in both for _, c in gen[s] + spec[s]) or 1
-    rows = []
-    for s in both:
-        g = min(ms for ms, _ in gen[s])
-        sp = min(ms for ms, _ in spec[s])
-        calls = sum(c for _, c in gen[s] + spec[s])
-        gain = g / sp - 1 if sp else 0.0
-        rows.append({"size": s, "general_ms": g, "specialised_ms": sp, "gain": gain,
-                     "calls": calls, "weight": calls / total_calls,
-                     "score": gain * calls / total_calls, "recommend": gain > threshold})
-    return sorted(rows, key=lambda r: r["score"], reverse=True)
-
-
 def run(args: argparse.Namespace) -> int:
     if len(args.runs) == 1:  # one run (its ranks: a folder); several: one path per run
         reports = load_reports(args.runs)
@@ -93,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             raise ReportError(f"{args.runs[0]}: holds reports of several runs; give each "
                               "run's folder to compare them, or one run's to tune it")
         return _one_run(reports, args.max_sizes)
-    rows = recommend(size_times(args.runs), args.threshold)
+    rows = confirm(size_times([load_reports([path]) for path in args.runs]), args.threshold)
     table = Table(title=f"fxflops tune (threshold {args.threshold:.0%})")
     for c in ("size", "general ms", "specialised ms", "gain", "calls", "weight", "compile it?"):
         table.add_column(c, justify="right")
@@ -124,11 +87,11 @@ def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
                       "mean); pipeline stages each apart, and their medians added for the "
                       "pipeline", soft_wrap=True)
     if len(stages) == 1:
-        _recommend(console, _served(reports), budget, "this run")
+        _recommend(console, served_sizes(reports), budget, "this run")
         return 0
     # a pipeline: each stage its own figures and recommendation; vLLM takes one set of
     # sizes for every stage, and a batch goes through them all: the pipeline's is the one
-    per_stage = {pp: _served(reps) for pp, reps in stages.items()}
+    per_stage = {pp: served_sizes(reps) for pp, reps in stages.items()}
     chosen = {pp: _recommend(console, served, budget, f"pipeline stage {pp}", cc=False)
               for pp, served in per_stage.items()}
     pipeline = _recommend(console, pipeline_served(per_stage), budget,
@@ -139,11 +102,6 @@ def _one_run(reports: list[dict[str, Any]], budget: int) -> int:
             f"for all stages: the pipeline's ({pipeline}) minimises the time of a batch "
             "through every stage", soft_wrap=True)
     return 0
-
-
-def _served(reports: list[dict[str, Any]]) -> list[Served]:
-    # a size of 0 (an empty batch) has no tokens to pad or to time per token
-    return [s for s in served_sizes(reports) if s.size > 0]
 
 
 def _recommend(console: Any, served: list[Served], budget: int, what: str,

@@ -30,7 +30,7 @@ import torch
 
 from fxflops import torch_compat
 from fxflops.cost.binder import static_size
-from fxflops.instrument.plan import KernelSetting
+from fxflops.instrument.kernel_maps import KernelSetting
 from fxflops.instrument.wrap import wrap_graph
 from fxflops.recording.recorder import recorder
 

@@ -20,7 +20,7 @@ import torch
 from fxflops import torch_compat
 from fxflops.instrument import distributed_hooks as distributed
 from fxflops.instrument import provenance
-from fxflops.instrument.plan import KernelSetting, kernels_setting
+from fxflops.instrument.kernel_maps import KernelSetting, kernels_setting
 from fxflops.instrument.wrap import uninstrumented, wrap_graph
 from fxflops.util import host_raised, warn_once
 

@@ -25,7 +25,8 @@ import torch
 from fxflops.cost.analysis import analysis_version
 from fxflops.cost.census import CENSUS_LOCK, Census, module_names, shape_class, tensors
 from fxflops.cost.graph_cost import CostAt
-from fxflops.instrument.plan import GraphPlan, register_graph
+from fxflops.instrument.plan import GraphPlan
+from fxflops.instrument.registration import register_graph
 from fxflops.instrument.wrap import InstrumentedGraph
 from fxflops.recording.clocks import clock_for
 from fxflops.recording.runtime_costs import charge_runtime

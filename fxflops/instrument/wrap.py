@@ -27,16 +27,9 @@ from fxflops import config, torch_compat
 from fxflops.cost import kernels as kernel_costs
 from fxflops.cost.analysis import analysis_version
 from fxflops.instrument import provenance
-from fxflops.instrument.plan import (
-    GraphPlan,
-    KernelSetting,
-    NotInstrumentable,
-    kernels_setting,
-    map_kernels,
-    plan,
-    register_graph,
-    register_uninstrumented,
-)
+from fxflops.instrument.kernel_maps import KernelSetting, kernels_setting, map_kernels
+from fxflops.instrument.plan import GraphPlan, NotInstrumentable, plan
+from fxflops.instrument.registration import register_graph, register_uninstrumented
 from fxflops.recording import kernel_profile
 from fxflops.recording.clocks import CPU_CLOCK, Clock, clock_for, now
 from fxflops.recording.recorder import recorder

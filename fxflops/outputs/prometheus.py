@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fxflops import config
+from fxflops.peaks.devices import process_peak
 from fxflops.recording.recorder import Sink, Snapshot
 from fxflops.report.build import forward_figures_of
 from fxflops.report.engine import COMPONENTS, estimate_comparison
 from fxflops.report.figures import sorted_rows
-from fxflops.report.peaks import process_peak
 from fxflops.util import stop_signals_blocked, warn_once, write_or_warn
 
 if TYPE_CHECKING:

@@ -1,4 +1,6 @@
-"""The JSON report: one file per process (rank), written atomically; load, validate, merge."""
+"""The JSON report built from a recorder (``build_report``), and its rows as
+``fxflops.recorder().stats()`` returns them (``recorder_rows``). Loading, validating and
+merging reports are ``files``, ``schema`` and ``merge``'s."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import Count, Rollup
+from fxflops.peaks.devices import process_peak
 from fxflops.placement import placement
 from fxflops.recording.size_stats import SizeStats
 from fxflops.report.engine import engine_section
@@ -23,7 +26,6 @@ from fxflops.report.figures import (
     row_figures,
     sorted_rows,
 )
-from fxflops.report.peaks import process_peak
 from fxflops.report.rows import flat_rows
 from fxflops.report.schema import SCHEMA, GraphRow, PeakFigures, RowFigures
 

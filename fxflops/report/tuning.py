@@ -96,7 +96,8 @@ def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
     """The sizes one run (or one pipeline stage of it) served. Tensor-parallel shards of
     one replica ran the same steps: the slowest shard's median. Data-parallel replicas
     each served their own traffic: calls and scheduled tokens added, the median a
-    calls-weighted mean (as ``fxflops.report.merge`` merges replicas)."""
+    calls-weighted mean (as ``fxflops.report.merge`` merges replicas). A size of 0 (an
+    empty batch) is left out: it has no tokens to pad or to time per token."""
     replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for rep in reports:
         replicas[int((rep["process"].get("ranks") or {}).get("dp") or 0)].append(rep)
@@ -106,6 +107,8 @@ def served_sizes(reports: list[dict[str, Any]]) -> list[Served]:
             by_size[s.size].append(s)
     out = []
     for size, group in sorted(by_size.items()):
+        if size <= 0:
+            continue
         calls = sum(s.calls for s in group)
         scheduled = traffic(group)  # the replicas' scheduled tokens, added
         kinds = {s.kind for s in group}
@@ -317,3 +320,57 @@ def _thin(traffic: dict[int, int], curve: Curve, budget: int, now_ms: float) -> 
             "specialised or captured graph would save. The sizes below carry the most time; "
             "try them, then confirm with `fxflops tune THIS_RUN NEW_RUN`")
     return Recommendation("thin", chosen, {}, now_ms, None, {"compile_sizes": chosen}, [note])
+
+
+# --- several runs: confirm sizes (``fxflops tune BASE SIZED``) ----------------------
+
+
+def size_times(runs: list[list[dict[str, Any]]]) -> dict[str, dict[int, list[tuple[float, int]]]]:
+    """{"general"|"specialised": {size: [(median ms, calls), ...]}} over all runs (each
+    run: its reports)."""
+    out: dict[str, dict[int, list[tuple[float, int]]]] = {
+        "general": defaultdict(list), "specialised": defaultdict(list)}
+    for reports in runs:
+        for rep in reports:
+            # symbols and meta are optional in a report (a graph without: no size symbols)
+            static_sizes = {r["size"] for g in rep["graphs"] if not g.get("symbols")
+                            for r in g["rows"] if isinstance(r["size"], int)}
+            compile_sizes = ((g.get("meta") or {}).get("compile_size") for g in rep["graphs"])
+            static_sizes |= {s for s in compile_sizes if s is not None}
+            if rep["forward"]:
+                timed = {r["size"]: (r["median_ms"], r["calls"]) for r in rep["forward"]}
+            else:  # no whole-forward rows: sum the graphs' medians per size
+                timed = {}
+                for g in rep["graphs"]:
+                    for r in g["rows"]:
+                        if isinstance(r["size"], int):
+                            ms, calls = timed.get(r["size"], (0.0, 0))
+                            timed[r["size"]] = (ms + r["median_ms"], max(calls, r["calls"]))
+            for size, (ms, calls) in timed.items():
+                if isinstance(size, int):
+                    kind = "specialised" if size in static_sizes else "general"
+                    out[kind][size].append((ms, calls))
+    return out
+
+
+def confirm(times: dict[str, dict[int, list[tuple[float, int]]]],
+            threshold: float) -> list[dict[str, Any]]:
+    """Runs with and without specialised graphs (``size_times``): per size seen both ways,
+    the gain of the specialised graph over the general one, recommended past
+    ``threshold``, ranked by gain weighted by the size's share of the calls."""
+    gen, spec = times["general"], times["specialised"]
+    both = sorted(set(gen) & set(spec))
+    if not both:
+        raise ReportError("no size was run both with and without a specialised graph: "
+                          "run once without compile_sizes and once with them")
+    total_calls = sum(c for s in both for _, c in gen[s] + spec[s]) or 1
+    rows = []
+    for s in both:
+        g = min(ms for ms, _ in gen[s])
+        sp = min(ms for ms, _ in spec[s])
+        calls = sum(c for _, c in gen[s] + spec[s])
+        gain = g / sp - 1 if sp else 0.0
+        rows.append({"size": s, "general_ms": g, "specialised_ms": sp, "gain": gain,
+                     "calls": calls, "weight": calls / total_calls,
+                     "score": gain * calls / total_calls, "recommend": gain > threshold})
+    return sorted(rows, key=lambda r: r["score"], reverse=True)

@@ -318,7 +318,7 @@ def _uncounted_forward(runner: Any) -> Any:
     entry = None
     why = uncompiled_model(runner)
     if why is not None and getattr(runner, "_fxflops_eager", None) is None:
-        from fxflops.instrument.plan import register_uninstrumented
+        from fxflops.instrument.registration import register_uninstrumented
 
         entry = register_uninstrumented(
             "<forward>", why + "; its forwards are timed, their FLOPs not counted")

@@ -16,10 +16,10 @@ import dataclasses
 from typing import Any
 
 from fxflops import config
+from fxflops.peaks import cache as peak_cache
+from fxflops.peaks.cpu import host_peak
+from fxflops.peaks.cpu_bandwidth import host_bandwidth
 from fxflops.recording.recorder import current
-from fxflops.report import peak_cache
-from fxflops.report.cpu_bandwidth import host_bandwidth
-from fxflops.report.cpu_peak import host_peak
 from fxflops.report.schema import PeakFigures
 
 

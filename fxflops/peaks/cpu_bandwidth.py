@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fxflops.report import peak_cache
-from fxflops.report.cpu_peak import CpuFacts, this_host
+from fxflops.peaks import cache as peak_cache
+from fxflops.peaks.cpu import CpuFacts, this_host
 from fxflops.util import warn_once
 
 ARRAY_BYTES = 32 << 20  # each of the three fp32 arrays
