@@ -110,9 +110,10 @@ def config_with_cache(cache_dtype: str):
                       block_size=32).create_engine_config()
 
 
-def graph_of(op: Any, args: list, out: Any) -> torch.fx.GraphModule:
+def graph_of(op: Any, args: list, out: Any, kwargs: dict[str, Any] | None = None
+             ) -> torch.fx.GraphModule:
     """One call of ``op`` on placeholders carrying ``args``' fake values (non-tensors are
-    constants), its node carrying ``out``'s."""
+    constants) and ``kwargs``, its node carrying ``out``'s."""
     graph = torch.fx.Graph()
     nodes = []
     for i, a in enumerate(args):
@@ -122,7 +123,7 @@ def graph_of(op: Any, args: list, out: Any) -> torch.fx.GraphModule:
             nodes.append(node)
         else:
             nodes.append(a)
-    call = graph.call_function(op, tuple(nodes))
+    call = graph.call_function(op, tuple(nodes), kwargs)
     call.meta["val"] = out
     graph.output(call if out is not None else None)
     return torch.fx.GraphModule(torch.nn.Module(), graph)

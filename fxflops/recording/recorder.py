@@ -5,13 +5,15 @@ The recorder holds data and writes nothing. What writes (the report files and th
 periodic flush, the Prometheus counters, the graph dumps: ``fxflops.outputs``) subscribes
 to it as a ``Sink``: it is told when a graph is registered, after a fork, at a reset and at
 a stop, and at each flush it is handed one ``Snapshot`` (the same for every sink), which
-it writes from: a sink keeps no reference to the recorder to write from. Sinks are attached by the layers above (``outputs.session.attach``,
+it writes from: a sink keeps no reference to the recorder to write from. Sinks are
+attached by the layers above (``outputs.session.attach``,
 called where a graph is first registered and by ``fxflops.recorder()``), never at import.
 
 A flush is one writer at a time: the CUDA-event samples are collected (``settle``) once,
 one snapshot is taken, then each sink records it. A signal handler's flush never waits for
 the lock: where another thread is flushing, each sink is handed a snapshot marked
-``beside`` and writes what it can beside that flush, whole files only; where its own thread was flushing, what the signal does next is
+``beside`` and writes what it can beside that flush, whole files only; where its own
+thread was flushing, what the signal does next is
 deferred to the flush's end (``defer``).
 """
 
@@ -39,11 +41,10 @@ from fxflops.util import forget_warnings
 class Snapshot(NamedTuple):
     """What one flush hands every sink: the recorder as the flush found it (``recorder``:
     a read-only copy, its graphs and whole forwards as of the flush, the rows settled
-    once), whether it is the last (``final``: at exit or at a signal), and whether another
-    thread's flush is under way (``beside``: a signal's; write whole files only)."""
+    once), and whether another thread's flush is under way (``beside``: a signal's; write
+    whole files only)."""
 
     recorder: Recorder
-    final: bool = False
     beside: bool = False
 
 
@@ -211,15 +212,14 @@ class Recorder:
     def close_scope(self, scope: RecordingScope) -> None:
         """Close ``scope``: a mark of every row, the CUDA-graph replays counted first.
         Scopes may close in any order (threads); closing one twice does nothing."""
-        if scope.closed:
-            return
-        if scope not in self.scopes:
-            raise RuntimeError("fxflops: this scope is not open in this process's recorder")
         self.settle()
         with self._lock:
-            if scope in self.scopes:
-                scope.close(list(self.graphs))
-                self.scopes.remove(scope)
+            if scope.closed:
+                return
+            if scope not in self.scopes:
+                raise RuntimeError("fxflops: this scope is not open in this process's recorder")
+            scope.close(list(self.graphs))
+            self.scopes.remove(scope)
 
     def open_scopes(self) -> list[RecordingScope]:
         """The open scopes, innermost (the latest opened) first."""
@@ -229,15 +229,14 @@ class Recorder:
         """A read-only copy of this recorder that holds only what ``scope`` saw: the
         graphs that ran in it, with its rows (what a report of the scope is built from).
         Whole forwards, collectives and engine figures are the process's only."""
-        view = copy.copy(self)
-        view.graphs = scope.graphs_run(self.graphs_snapshot())
+        view = self.snapshot().recorder
+        view.graphs = scope.graphs_run(view.graphs)
         view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
         view.uninstrumented, view.collectives = [], {}
         passes = copy.copy(self.backward_passes)
         passes.by_size = scope.backward_passes()
         view.backward_passes = passes
         view.engine = EngineStats()
-        view.sinks, view.scopes = [], []
         view.started = scope.started
         return view
 
@@ -259,7 +258,7 @@ class Recorder:
         and the CUDA-event samples that have arrived (``collection.collect_samples``)."""
         collect_samples(wait=wait, final=final, in_signal=in_signal)
 
-    def snapshot(self, final: bool = False, beside: bool = False) -> Snapshot:
+    def snapshot(self, beside: bool = False) -> Snapshot:
         """This recorder as it is now, for the sinks: its graphs and whole forwards
         listed once (the rows are the live ones: a row only adds to its counters)."""
         view = copy.copy(self)
@@ -269,7 +268,7 @@ class Recorder:
                                 for phase, rows in list(self.warmup_forwards.items())}
         view.uninstrumented = list(self.uninstrumented)
         view.sinks, view.scopes = [], []
-        return Snapshot(view, final, beside)
+        return Snapshot(view, beside)
 
     def has_data(self) -> bool:
         return bool(self.graphs or self.uninstrumented or self.forwards)
@@ -286,14 +285,14 @@ class Recorder:
             return
         if not self._flush_lock.acquire(blocking=not in_signal):
             # another thread is flushing (a signal arrived meanwhile): beside it
-            beside = self.snapshot(final, beside=True)
+            beside = self.snapshot(beside=True)
             for s in sinks:
                 s.record(beside)
             return
         self._flushing.now = True
         try:
             self.settle(wait=True, final=final, in_signal=in_signal)
-            snapshot = self.snapshot(final)
+            snapshot = self.snapshot()
             for s in sinks:
                 s.record(snapshot)
         finally:

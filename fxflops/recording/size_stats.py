@@ -88,7 +88,7 @@ class RowMark:
                 setattr(self, name, 0)
             return
         self.count, self.chosen = row.count, row.chosen
-        runtime = row.runtime or _NO_RUNTIME
+        runtime = row.runtime or NO_RUNTIME
         self.runtime_flops, self.runtime_bytes = runtime.flops, runtime.bytes
         self.runtime_calls = runtime.calls
         self.read_samples(row)
@@ -123,7 +123,7 @@ class RuntimeCounts:
         self.by_kind: dict[str, int] | None = {} if by_kind else None
 
 
-_NO_RUNTIME = RuntimeCounts([])
+NO_RUNTIME = RuntimeCounts([])
 
 
 class ForwardCounts:
@@ -257,8 +257,7 @@ class SizeStats:
                 self.paid = due
             if due > self.due:
                 self.due = due
-            if self.waiting is not None:
-                self._ripen()
+            # (no mark waits on a row timed here: its call is chosen and timed at once)
 
     def retime(self) -> None:
         """Time the next calls each again, as a new size's first ones are (a scope opened:
@@ -363,7 +362,7 @@ class SizeStats:
         the run-time counts summed as they ran (exact ints; the Prometheus counters and the
         report's ``total_*`` figures)."""
         cost, n = cost or self.cost, self.count
-        runtime = self.runtime or _NO_RUNTIME
+        runtime = self.runtime or NO_RUNTIME
         flops = (cost.flops * n if cost else 0) + runtime.flops
         matmul = (cost.matmul_flops * n if cost else 0) + runtime.flops
         bytes_ = (cost.bytes_io * n if cost else 0) + runtime.bytes
@@ -371,7 +370,7 @@ class SizeStats:
 
     def samples(self) -> array[int]:
         """The samples kept: the last ``cap`` (all of them while fewer were taken)."""
-        return self.window[: min(self.samples_taken, self.cap, len(self.window))]
+        return self.window[: min(self.samples_taken, len(self.window))]
 
     def percentiles(self) -> dict[str, float]:
         """median, p10, p90 of the window, in milliseconds."""
@@ -419,7 +418,7 @@ def since(row: SizeStats, start: RowMark | None, end: RowMark | None = None) -> 
             runtime.flops = now.runtime_flops - then.runtime_flops
             runtime.bytes = now.runtime_bytes - then.runtime_bytes
             runtime.calls = now.runtime_calls - then.runtime_calls
-    out.window, out.cap = array("q", kept), max(1, len(kept))
+    out.window = array("q", kept)
     out.bulk = now.count - then.count
     for name in ("chosen", "timed", "total_ns", "lost", "host_bound", "shared"):
         setattr(out, name, getattr(now, name) - getattr(then, name))

@@ -11,7 +11,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from fxflops.cost.graph_cost import CostAt
-from fxflops.recording.size_stats import SizeStats, parse_size
+from fxflops.recording.size_stats import NO_RUNTIME, SizeStats, parse_size
 from fxflops.report.schema import (
     GraphRow,
     KernelFigures,
@@ -76,8 +76,8 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     recomputed only when the row changed since they were last made (a flush of thousands
     of sizes redoes only those that ran since the last one)."""
     cost = cost or row.cost
-    runtime = row.runtime
-    calls = runtime.calls if runtime is not None else 0
+    runtime = row.runtime or NO_RUNTIME
+    calls = runtime.calls
     stamp = (row.count, row.chosen, row.samples_taken, row.lost, calls, row.shared,
              cost,
              peak.get("tflops"), peak.get("gbps"))
@@ -85,8 +85,8 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
     if cached is not None and cached[0] == stamp:
         return cached[1]
     pct = row.percentiles()
-    runtime_flops = runtime.flops / calls if runtime is not None and calls else 0
-    runtime_bytes = runtime.bytes / calls if runtime is not None and calls else 0
+    runtime_flops = runtime.flops / calls if calls else 0
+    runtime_bytes = runtime.bytes / calls if calls else 0
     flops = (cost.flops if cost else 0) + runtime_flops
     matmul = (cost.matmul_flops if cost else 0) + runtime_flops
     bytes_io = (cost.bytes_io if cost else 0) + int(runtime_bytes)
@@ -106,8 +106,7 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
         "runtime_bytes": int(runtime_bytes),
         # the run-time counts summed over the calls (exact; the per-call figures above are
         # their mean when calls at one size ran at different lengths)
-        "total_runtime_flops": runtime.flops if runtime is not None else 0,
-        "total_runtime_bytes": runtime.bytes if runtime is not None else 0,
+        "total_runtime_flops": runtime.flops, "total_runtime_bytes": runtime.bytes,
         "bytes_io": bytes_io, "bytes_nodes": cost.bytes_nodes if cost else 0,
         "gflops": flops / 1e9,
         "recomputed_flops": cost.recomputed_flops if cost else 0,
@@ -122,9 +121,8 @@ def row_figures(row: SizeStats, peak: PeakFigures | dict[str, Any],
         fig["time_bound"] = "host" if 2 * row.host_bound > row.samples_taken else "device"
         fig["host_bound_calls"] = row.host_bound
         fig["shared_calls"] = row.shared
-    by_kind = runtime.by_kind if runtime is not None else None
-    if by_kind and calls:  # whole forwards: the run-time FLOPs by kind
-        fig["runtime_kinds"] = {k: v / calls for k, v in sorted(by_kind.items())}
+    if runtime.by_kind and calls:  # whole forwards: the run-time FLOPs by kind
+        fig["runtime_kinds"] = {k: v / calls for k, v in sorted(runtime.by_kind.items())}
     _FIGURES[row] = (stamp, fig)
     return fig
 
