@@ -276,7 +276,8 @@ def graph_manager_class() -> type:
                         batch_descriptor = BatchDescriptor(
                             num_tokens=num_tokens, num_active_loras=desc.num_active_loras)
                     inputs = {"positions": torch.arange(num_tokens)}
-                    with set_forward_context(None, self.vllm_config, num_tokens=num_tokens,
+                    # (attention metadata: ``prepare_inputs_to_capture``'s, in vLLM)
+                    with set_forward_context({}, self.vllm_config, num_tokens=num_tokens,
                                              cudagraph_runtime_mode=cg_mode,
                                              batch_descriptor=batch_descriptor):
                         if cg_mode == CUDAGraphMode.PIECEWISE:
@@ -368,6 +369,33 @@ class BreakableModel:
                  intermediate_tensors: Any = None, inputs_embeds: Any = None,
                  **kwargs: Any) -> torch.Tensor:
         return self.graph(torch.ones(int(positions.shape[0]), HIDDEN))
+
+
+class UncompiledModel(torch.nn.Module):
+    """A model vLLM compiles nothing of (compilation mode NONE, as breakable CUDA graphs
+    make it): ``layers`` layers, each a real matmul (the FLOPs the census counts) that
+    launches its kernel on the device, then attention, an eager break (vLLM's real
+    ``eager_break_during_capture``). fxflops counts its forwards at the model's own
+    ``forward`` (``integrations/vllm/uncompiled.py``)."""
+
+    def __init__(self, layers: int, sim: CudaSim) -> None:
+        from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+        super().__init__()
+        self.sim = sim
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+                                          for _ in range(layers))
+        self.attention = eager_break_during_capture(lambda x: sim.launch(ATTENTION_MS))
+
+    def forward(self, input_ids: Any = None, positions: Any = None,
+                intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                **kwargs: Any) -> torch.Tensor:
+        x = torch.ones(int(positions.shape[0]), HIDDEN)
+        for layer in self.layers:
+            self.sim.launch(PIECE_MS)
+            x = layer(x)
+            self.attention(x)
+        return x
 
 
 class MicroBatches:
@@ -918,8 +946,11 @@ class Server:
                  mode: str = "FULL_AND_PIECEWISE", pieces: int = 3,
                  sizes: list[int] = CAPTURE_SIZES, max_tokens: int = MAX_TOKENS,
                  graphs: str = "wrapper", dbo: bool = False) -> None:
-        """``graphs``: "wrapper" (vLLM's ``CUDAGraphWrapper`` per piece) or "breakable"
-        (the whole model one graph, ``pieces`` layers, under ``BreakableCUDAGraphWrapper``);
+        """``graphs``: "wrapper" (vLLM's ``CUDAGraphWrapper`` per piece), "breakable"
+        (the whole model one graph, ``pieces`` layers, under ``BreakableCUDAGraphWrapper``)
+        or "uncompiled" (breakable CUDA graphs as vLLM 0.34 turns them on: compilation
+        mode NONE, the model uncompiled, ``UncompiledModel``, counted from the ops it
+        runs as fxflops' ``Worker.load_model`` hook sets it);
         ``dbo``: micro-batched (``MicroBatches``, V1's FULL graphs captured by it; 0.34:
         V2's ``UBatchRunner``). ``runner="v1"`` raises where vLLM has no V1 runner."""
         from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
@@ -941,11 +972,22 @@ class Server:
             install_graph_manager(patcher)
         v1_cls, v2_cls, worker_cls = runner_classes()
         config = vllm_config(mode, sizes)
+        breakable = graphs in ("breakable", "uncompiled")
         if self.managed:
-            manage_graphs(config, max_tokens, breakable=graphs == "breakable", dbo=dbo)
+            manage_graphs(config, max_tokens, breakable=breakable, dbo=dbo)
         graph_mode = config.compilation_config.cudagraph_mode
         model: Any
-        if graphs == "breakable":
+        if graphs == "uncompiled":
+            from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+            from vllm.config import CompilationMode
+
+            config.compilation_config.mode = CompilationMode.NONE  # (vLLM's, with them on)
+            config.compilation_config.use_breakable_cudagraph = True
+            model = UncompiledModel(pieces, sim)
+            if not self.managed:
+                model = BreakableCUDAGraphWrapper(model, config,
+                                                  runtime_mode=CUDAGraphMode.PIECEWISE)
+        elif graphs == "breakable":
             from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
 
             model = BreakableModel(pieces, sim, max_tokens)
@@ -997,6 +1039,10 @@ class Server:
             forward.install_forward_timing_v2()
         forward.install_attention_coster()
         hooks.install_warmup_phases()
+        if graphs == "uncompiled":  # (the model loaded: what the Worker.load_model hook does)
+            from fxflops.integrations.vllm import uncompiled
+
+            uncompiled.count_forwards(r)
 
     def capture_descs(self) -> list[tuple[Any, list[Any]]]:
         """[(mode, its capture descriptors, largest first)] in capture order, as the runner

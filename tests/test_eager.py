@@ -205,3 +205,48 @@ def test_after_a_census_fails_new_sizes_run_uncounted_without_a_census(monkeypat
     assert len(said) == 1
     assert set(counted.record.counted) == {(torch.Size([2, 32]),)}
     assert counted.record.rows[(torch.Size([2, 32]),)].count == 2
+
+
+def test_a_size_first_seen_inside_a_cuda_graph_capture_counts_at_its_replays():
+    """A model first called at a size while its stream captures a CUDA graph (a breakable
+    CUDA graph's capture runs the model eagerly once per size): censused inside the
+    capture, which runs nothing (no call counted then, nothing read from the device), and
+    each replay of the graph counts one call at that size, timed by its captured pair, its
+    FLOPs FlopCounterMode's. Then an eager call at another size: censused and counted as
+    any."""
+    from fxflops.instrument.eager import EagerModel
+    from fxflops.recording import cuda_events
+    from tests.cuda_sim import CudaSim
+
+    sim = CudaSim(lag=2, devices=1)
+    try:
+        model = mlp()
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            sim.launch(0.5)  # its kernels, on the (simulated) device
+            return model(x)
+
+        counted = EagerModel(forward, "captured_mlp{index}",
+                             clock=cuda_events.CudaEventClock(sim))
+        x = torch.randn(8, 32)
+        graph = sim.CUDAGraph()
+        with torch.no_grad(), sim.graph(graph):
+            assert torch.equal(counted(x), model(x))
+        assert not sim.violations, sim.violations  # no read of the device while capturing
+        (record,) = fxflops.recorder().graphs
+        assert all(r.count == 0 for r in record.all_rows())  # the capture ran nothing
+        for _ in range(5):
+            graph.replay()
+            sim.step()
+        with torch.no_grad():
+            counted(torch.randn(4, 32))  # an eager call at a new size: its census
+        sim.drain()
+        cuda_events.collect_all()
+        rows = rows_of(record.name)
+        assert rows["8x32"]["calls"] == 5 and rows["8x32"]["timed_calls"] == 5
+        assert rows["8x32"]["median_ms"] == 0.5
+        assert rows["8x32"]["matmul_flops"] == fcm(model, [x]) > 0
+        assert rows["4x32"]["calls"] == 1
+        assert rows["4x32"]["matmul_flops"] == fcm(model, [torch.randn(4, 32)])
+    finally:
+        cuda_events._CLOCKS.pop(sim.CUDAGraph, None)

@@ -499,3 +499,44 @@ def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(
     (report,) = load_reports([out])
     assert sum(r["calls"] for r in report["forward"]) >= 5
     print(f"{signame} inside {lock} lock: report {written:.2f} s, exit {took:.2f} s after it")
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_uncompiled_forwards_under_breakable_graphs_are_counted(server, runner, mode,
+                                                                monkeypatch):
+    """Breakable CUDA graphs as vLLM 0.34 turns them on (compilation mode NONE: nothing
+    compiled, the model run eagerly and its captures broken at attention): the model's
+    forwards counted from the ops they run, at its own ``forward``. Start-up censuses
+    each size in its eager warm-up run before the capture; every served step (a
+    breakable replay, a FULL replay, or eager) is one call of the model in its serving
+    row at the step's padded size, its FLOPs by hand (3 layers x 2·T·H·H), so the
+    ``<forward>`` rows carry them; replays are counted and timed; the report says why
+    nothing was compiled; nothing illegal."""
+    from tests.gpu_lifecycle import HIDDEN
+
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    s = server(runner, mode, graphs="uncompiled")
+    rec = fxflops.recorder()
+    assert set(serving_calls(rec).values()) == {0}  # start-up: warm-up rows only
+    kinds = s.serve(120)
+    s.sim.drain()
+    report = rec.to_dict()
+    (graph,) = report["graphs"]
+    assert graph["meta"]["uncompiled"] == (
+        "vLLM compiled no graph of it (compilation mode NONE: breakable CUDA graphs, "
+        "VLLM_USE_BREAKABLE_CUDAGRAPH=1)")
+    assert not report["uninstrumented"]
+    rows = {r["size"]: r for r in graph["rows"]}
+    forwards = {r["size"]: r for r in report["forward"]}
+    assert rows.keys() == forwards.keys() and len(rows) > 3
+    for size, row in rows.items():
+        assert row["calls"] == forwards[size]["calls"]
+        assert row["matmul_flops"] == forwards[size]["matmul_flops"] \
+            == 3 * 2 * size * HIDDEN * HIDDEN
+    assert sum(r["calls"] for r in forwards.values()) == 120
+    assert sum(r["timed_calls"] for r in rows.values()) >= 0.9 * 120
+    # every decode step replayed a graph (breakable or FULL), and its call was counted
+    assert sum(r["captured"] for r in forwards.values()) >= kinds["decode"]
+    assert {r["warmup"] for r in graph.get("warmup", [])} >= {"capture"}
+    assert s.sim.violations == []

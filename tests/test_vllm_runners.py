@@ -131,3 +131,54 @@ def test_v2_execute_model_rows_and_attention():
     assert row.runtime.bytes == PER_TOKEN * ((7 + 11) + (4 + 4))
     # nothing of the step is left for the next one
     assert forward.current_counts(None) is None
+
+
+@pytest.mark.parametrize("mode", [0, 3])
+def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode):
+    """vLLM's own ``Worker.load_model`` (the CPU and GPU workers'), as fxflops' plugin wraps
+    it, on a worker whose runner loads a real module: in compilation mode NONE the loaded
+    model's forward is counted from the ops it runs, from its first call in a forward
+    context (each size's matmul FLOPs by hand, 2·T·in·out); a call outside one runs as it
+    is; outputs unchanged. In mode 3 (vLLM compiles it) the model is left as it is."""
+    from contextlib import nullcontext
+
+    from vllm.config import CompilationConfig, VllmConfig
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from fxflops.integrations.vllm import plugin
+
+    plugin.install()
+    assert getattr(Worker.load_model, "_fxflops", False)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 32, bias=False)
+
+        def forward(self, input_ids, positions, intermediate_tensors=None):
+            return self.proj(torch.ones(positions.shape[-1], 16))
+
+    config = VllmConfig(compilation_config=CompilationConfig(mode=mode))
+    runner = SimpleNamespace(vllm_config=config, device=torch.device("cpu"))
+    runner.load_model = lambda load_dummy_weights=False: setattr(runner, "model", Model())
+    worker = SimpleNamespace(
+        vllm_config=config, model_runner=runner,
+        _maybe_get_memory_pool_context=lambda tag: nullcontext(),
+        _scoped_allocator_max_split=lambda max_split_size_mb: nullcontext(),
+        _external_weight_charges=SimpleNamespace(track=nullcontext))
+    Worker.load_model(worker)
+    model = runner.model
+    with torch.no_grad():
+        model(None, torch.arange(5))  # outside a forward context: not vLLM's forward
+        with set_forward_context(None, config):
+            for tokens in (4, 4, 7):
+                out = model(None, torch.arange(tokens))
+                assert torch.equal(out, model.proj(torch.ones(tokens, 16)))
+    rows = {r["size"]: r for r in fxflops.recorder().stats() if r["graph"] == "model_eager0"}
+    if mode == 3:
+        assert rows == {} and "forward" not in vars(model)
+        return
+    assert {size: r["calls"] for size, r in rows.items()} == {4: 2, 7: 1}
+    for tokens, row in rows.items():
+        assert row["matmul_flops"] == 2 * tokens * 16 * 32

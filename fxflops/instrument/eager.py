@@ -9,9 +9,12 @@ the report, and any ``fxflops.scope()`` open around them. So eager and compiled 
 side by side at one size.
 
 A shape class's first call runs under the census (a dispatch per op, not timed: its
-time would be the census's); its later calls are timed as any graph's. A failure inside
-fxflops is said once, and the model runs on uncounted; the model's own errors are its
-own.
+time would be the census's); its later calls are timed as any graph's. A first call made
+while its CUDA stream captures a graph (a breakable CUDA graph's capture runs the model
+once per size) is censused inside the capture, and held by it as any graph's call made
+there: counted at each replay (``recording/captures.py``); the census reads shapes only,
+never the device. A failure inside fxflops is said once, and the model runs on uncounted;
+the model's own errors are its own.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from fxflops.cost.graph_cost import CostAt
 from fxflops.instrument.plan import GraphPlan
 from fxflops.instrument.registration import register_graph
 from fxflops.instrument.wrap import InstrumentedGraph
-from fxflops.recording.clocks import clock_for
+from fxflops.recording.clocks import CPU_CLOCK, Clock, clock_for
 from fxflops.recording.runtime_costs import charge_runtime
 from fxflops.recording.store import GraphRecord
 from fxflops.util import host_raised, warn_once
@@ -39,18 +42,20 @@ class EagerModel:
     as ``fn`` is; returns what ``fn`` returns. ``key``: a call's size key from ``(args,
     kwargs)`` (default: its shape class); ``names``: the modules to split the cost by (by
     id: their qualified names; default: ``fn``'s own, if a module); ``weights``: the
-    tensors it holds (default: ``fn``'s parameters and buffers); ``meta``: the record's."""
+    tensors it holds (default: ``fn``'s parameters and buffers); ``meta``: the record's;
+    ``clock``: what times its calls (default: by its first call's tensors' device)."""
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None, *,
                  key: Callable[[Any], Any] = shape_class, names: dict[int, str] | None = None,
                  weights: Sequence[torch.Tensor] | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, clock: Clock | None = None) -> None:
         self.fn = fn
         self.name = name or f"eager_{_name_of(fn)}{{index}}"
         self._key = key
         self._names = module_names(fn) if names is None else names
         self._weights = weights
         self._meta = {"eager": True, **(meta or {})}
+        self._clock = clock
         self._graph: InstrumentedGraph | None = None
         self._broken = False
         self._lock = threading.Lock()
@@ -78,7 +83,20 @@ class EagerModel:
         return self.fn(*packed[1], **packed[2])
 
     def _count(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A new size's call, under the census: counted, not timed."""
+        """A new size's call, under the census: counted, not timed; or, its stream
+        capturing a CUDA graph, the capture's call, counted at the graph's replays."""
+        clock = self._clock
+        if clock is not None and clock.captures_here():
+            # (no row: a captured call is counted at its replays, in their phase's rows)
+            return clock.time_call(self._census, (key, args, kwargs, False),
+                                   None,  # type: ignore[arg-type]
+                                   lambda: self.record, key)
+        return self._census(key, args, kwargs, True)
+
+    def _census(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                counted: bool) -> Any:
+        """``fn``'s call under the census, its cost registered at ``key``; ``counted``: the
+        call counted now (not a capture's)."""
         census = Census(self._names)
         with CENSUS_LOCK, census:  # (the model's own errors propagate)
             out = self.fn(*args, **kwargs)
@@ -90,17 +108,21 @@ class EagerModel:
             with self._lock:
                 graph = self._graph
                 if graph is None:
-                    device = next((t.device.type for t in (*tensors((args, kwargs)),
-                                                           *weights)), "cpu")
-                    device = "cuda" if device == "cuda" else "cpu"
+                    clock = self._clock
+                    if clock is None:
+                        device = next((t.device.type for t in (*tensors((args, kwargs)),
+                                                               *weights)), "cpu")
+                        clock = clock_for("cuda" if device == "cuda" else "cpu")
+                    device = "cpu" if clock is CPU_CLOCK else "cuda"
                     plan = GraphPlan(cost, "static", device, analysis_version())
                     record = register_graph(plan, self.name, dict(self._meta), None)
-                    graph = InstrumentedGraph(self._run, record, plan, clock_for(device))
+                    graph = InstrumentedGraph(self._run, record, plan, clock)
                 graph.record.counted[key] = CostAt(*cost.totals())
-                row = graph.record.new_row(key)
-                next(row.calls)  # the census's call: counted, its time not a sample
-                if row.runtime is not None:  # (a serving engine's attention: this call's lengths)
-                    charge_runtime(row)
+                if counted:
+                    row = graph.record.new_row(key)
+                    next(row.calls)  # the census's call: counted, its time not a sample
+                    if row.runtime is not None:  # (a serving engine's attention: this call's lengths)
+                        charge_runtime(row)
                 self._graph = graph
         except Exception as e:
             if host_raised(e):

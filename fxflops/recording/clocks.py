@@ -34,7 +34,8 @@ class Clock(Protocol):
                   record: Any = None, key: Any = None) -> Any:
         """``fn(*args)``, counted in ``row`` and timed. ``record`` and ``key``: the graph
         and size the call is of, for a clock that may see it again without being called
-        (a CUDA graph's replays)."""
+        (a CUDA graph's replays). Where ``captures_here()``, ``row`` is not read (a
+        captured call is counted at its replays, in the rows of their phase)."""
         ...
 
     def start(self, row: SizeStats) -> Token | None:
@@ -49,6 +50,11 @@ class Clock(Protocol):
 
     def is_capturing(self) -> bool:
         """A CUDA-graph capture in progress (then nothing may wait for the device)."""
+        ...
+
+    def captures_here(self) -> bool:
+        """This thread's stream captures a CUDA graph: a call made now is the capture's
+        (``time_call`` hands it to the graph, counted at its replays)."""
         ...
 
 
@@ -77,6 +83,9 @@ class CpuClock:
         token.row.add(now() - token.t0)
 
     def is_capturing(self) -> bool:
+        return False
+
+    def captures_here(self) -> bool:
         return False
 
 

@@ -151,7 +151,9 @@ class CudaClock:
     def time_call(self, fn: Callable[..., Any], args: Sequence[Any], row: Any,
                   record: Any = None, key: Any = None) -> Any:
         """Run ``fn(*args)``: timed by an eager pair, or (the stream capturing) held by the
-        graph being captured, whose replays count it in ``record``'s row for ``key``."""
+        graph being captured, whose replays count it in ``record``'s row for ``key``
+        (``record`` may be a function giving it once ``fn`` has run: a census registers
+        the record it counts into)."""
         if self.cuda.is_current_stream_capturing():
             return self._captured_call(fn, args, record, key)
         pair = self._start(row, self.cuda.current_device())
@@ -265,6 +267,8 @@ class CudaClock:
             raise
         end.record()
         last = self._capture_of_call()
+        if callable(record):  # (registered by ``fn`` itself: an uncompiled call's census)
+            record = record()
         with self.lock:
             self.tracker.hold(first, last, record, key, (start, end))
         return out
@@ -507,6 +511,9 @@ class CudaEventClock:
 
     def is_capturing(self) -> bool:
         return self.clock.is_capturing()
+
+    def captures_here(self) -> bool:
+        return bool(self.clock.cuda.is_current_stream_capturing())
 
 
 def collect_all(wait_s: float = 0.0, lock_timeout: float = -1,

@@ -32,7 +32,7 @@ def _installers() -> dict[str, Callable[[], None]]:
     first). A feature without an installer of its own is read where it is used (vLLM's
     estimate, the ranks, the drafter's tag, the dump folder, the KV-cache dtype): its
     symbols are checked, and it is listed off where they do not resolve."""
-    from fxflops.integrations.vllm import drafter, engine_stats, forward, hooks, layers
+    from fxflops.integrations.vllm import drafter, engine_stats, forward, hooks, layers, uncompiled
 
     def compile_backend() -> None:
         hooks.install_mode2_backend()
@@ -48,6 +48,7 @@ def _installers() -> dict[str, Callable[[], None]]:
         "attention from KV lengths": forward.install_attention_coster,
         "whole forward (V1 runner)": forward.install_forward_timing_v1,
         "whole forward (V2 runner)": forward.install_forward_timing_v2,
+        "uncompiled forwards counted": uncompiled.install_counting_uncompiled,
         "draft acceptance (V1 runner)": engine_stats.install_v1,
         "draft acceptance (V2 runner)": engine_stats.install_v2,
         "drafter passes (V1 proposers)": drafter.install_v1,

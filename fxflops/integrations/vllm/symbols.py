@@ -41,11 +41,14 @@ FEATURES: dict[str, Feature] = {
     "warm start (AOT artifact)": Feature(
         "mode 3's pieces loaded from vLLM's AOT compile cache at a warm start"),
     "whole forward (V1 runner)": Feature(
-        "each step's whole forward, attention from KV lengths; with nothing compiled (mode "
-        "NONE), its FLOPs counted from the ops it runs (V1 runner)", {"0.34": _NO_V1}),
+        "each step's whole forward, attention from KV lengths (V1 runner)",
+        {"0.34": _NO_V1}),
     "whole forward (V2 runner)": Feature(
-        "each step's whole forward, attention from KV lengths; with nothing compiled, timed "
-        "only (V2 runner)"),
+        "each step's whole forward, attention from KV lengths (V2 runner)"),
+    "uncompiled forwards counted": Feature(
+        "with nothing compiled (mode NONE: enforce_eager, -O0, breakable CUDA graphs), the "
+        "model's forwards counted from the ops they run, their replays included (either "
+        "runner): else timed only"),
     "attention from KV lengths": Feature(
         "attention's FLOPs and KV bytes from each step's real lengths (vLLM's forward "
         "context)"),
@@ -138,6 +141,10 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("vllm.v1.worker.gpu.async_utils", "StepTimingCollector.record_batch",
            ("self", "input_batch", "full_cudagraph"), "V2: the step's batch, before its forward",
            feature='whole forward (V2 runner)'),
+    # the model, as a worker loads it (CPU and GPU workers, either runner)
+    Symbol("vllm.v1.worker.gpu_worker", "Worker.load_model", ("self",),
+           "the loaded model: where nothing is compiled, its forward counted",
+           feature="uncompiled forwards counted"),
     Symbol("vllm.forward_context", "get_forward_context", (), "attention metadata, layers",
            feature="attention from KV lengths"),
     Symbol("vllm.forward_context", "is_forward_context_available",
