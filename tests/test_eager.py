@@ -59,6 +59,7 @@ def test_eager_rows_count_each_size_as_flop_counter_mode_and_time_it():
         # the census's call is counted, not timed (its time is the census's)
         assert row["timed_calls"] == row["calls"] - 1
     assert rows["4x32"]["median_ms"] > 0
+    assert graph.meta["split_size"] == "2x32"  # the split below: its first census's
     assert set(graph.cost.by_module()) == {"0", "1", "2"}
     assert set(graph.cost.by_op()) == {"aten::addmm", "aten::gelu"}
 

@@ -118,6 +118,7 @@ def sites(monkeypatch):
     from sglang.srt.compilation import torch_compile_decoration as decode
     from sglang.srt.managers.scheduler_components import metrics_reporter
     from sglang.srt.model_executor import cpu_graph_runner as cpu
+    from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from fxflops.integrations.sglang import plugin
@@ -125,7 +126,8 @@ def sites(monkeypatch):
     reporter = metrics_reporter.SchedulerMetricsReporter
     for owner, name in ((decode, "patch_model"), (cpu, "patch_model"),
                         (reporter, "_estimate_decode_perf"),
-                        (reporter, "_estimate_prefill_perf"), (torch, "compile")):
+                        (reporter, "_estimate_prefill_perf"), (torch, "compile"),
+                        (ModelRunner, "load_model")):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     fxflops.reset_recorder()
     yield types.SimpleNamespace(decode=decode, cpu=cpu, reporter=reporter,
@@ -185,6 +187,31 @@ def test_the_entry_point_is_sglangs_group():
 
     found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
     assert found["fxflops"][0] is plugin.register
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_server_that_compiles_nothing_is_said_to_be_uncounted(sites, monkeypatch, caplog,
+                                                                 compiled):
+    """SGLang's ``ModelRunner.load_model`` as the plugin hooks it (its loading body a
+    stand-in: a real one needs a GPU): without ``--enable-torch-compile`` SGLang compiles
+    nothing and fxflops says once that it counts nothing there (docs/sglang.md says why);
+    with it, nothing is said. The load itself is SGLang's, and returns what it returns."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    from fxflops import util
+
+    loads = []
+    monkeypatch.setattr(ModelRunner, "load_model", lambda self: loads.append(self))
+    monkeypatch.setattr(util, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="fxflops")
+    switch_on(monkeypatch)
+    runner = types.SimpleNamespace(
+        server_args=types.SimpleNamespace(enable_torch_compile=compiled))
+    for _ in range(2):
+        assert ModelRunner.load_model(runner) is None
+    assert loads == [runner, runner]
+    said = [r for r in caplog.records if "compiles nothing without" in r.getMessage()]
+    assert len(said) == (0 if compiled else 1)
 
 
 @pytest.mark.parametrize("runner", ["decode", "cpu"])

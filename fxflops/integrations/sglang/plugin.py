@@ -13,7 +13,10 @@ fxflops installed. Switched on, it registers:
   graph runner's): the compile of each batch size under fxflops' backend, Inductor inside,
   SGLang's ``mode=`` and Inductor settings kept (``fxflops.integrations.sglang.compiles``);
 - after SGLang's own estimate of a step (``--enable-mfu-metrics``): the estimate, kept
-  beside the measured rows (``fxflops.integrations.sglang.estimate``).
+  beside the measured rows (``fxflops.integrations.sglang.estimate``);
+- after ``ModelRunner.load_model``: a server without ``--enable-torch-compile`` compiles
+  nothing, and fxflops counts nothing there: said once, not left to a report with no rows
+  (docs/sglang.md says why it is not covered).
 
 A failure inside fxflops is logged once and SGLang's own compile goes on.
 """
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # the hooks ``register`` adds to SGLang's registry while on: (target, hook type, hook)
 ESTIMATES = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 _UNDO: list[Any] = []
 
 
@@ -56,7 +60,20 @@ def hooks() -> list[tuple[str, str, Any]]:
                 _never_in_the_way(estimate.after_decode_estimate)))
     out.append((f"{ESTIMATES}._estimate_prefill_perf", "AFTER",
                 _never_in_the_way(estimate.after_prefill_estimate)))
+    out.append((f"{MODEL_RUNNER}.load_model", "AFTER", _never_in_the_way(said_if_uncompiled)))
     return out
+
+
+def said_if_uncompiled(_result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
+    """(After a model runner loads its model.) Without ``--enable-torch-compile`` SGLang
+    compiles nothing, so fxflops has nothing to count: said once."""
+    from fxflops.util import warn_once
+
+    if not getattr(runner.server_args, "enable_torch_compile", False):
+        warn_once("sglang-uncompiled", "fxflops: SGLang compiles nothing without "
+                  "--enable-torch-compile, and fxflops counts only what it compiles: this "
+                  "server's forwards are not counted (docs/sglang.md, \"Without "
+                  "--enable-torch-compile\")")
 
 
 def switch_on() -> None:
