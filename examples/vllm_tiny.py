@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import tempfile
+from pathlib import Path
 
 # tiny configs of the families vLLM serves: hidden 256, 2 layers, 4 heads of 64
 ARCHS: dict[str, dict] = {
@@ -116,6 +117,23 @@ def tiny_lora(model: str, rank: int) -> str:
     return path
 
 
+def share_model_infos(cache: str) -> None:
+    """vLLM inspects each model class in a subprocess of its own (seconds: it imports vLLM)
+    unless the ``modelinfos`` folder under VLLM_CACHE_ROOT knows it already, keyed by its
+    source's hash: a cache root of this run's own shares the default root's, so that only
+    the compiled artifacts are this run's."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm"
+    mine = Path(cache) / "modelinfos"
+    if mine.exists() or mine.is_symlink():
+        return
+    (default / "modelinfos").mkdir(parents=True, exist_ok=True)
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mine.symlink_to(default / "modelinfos", target_is_directory=True)
+    except FileExistsError:  # (another run made it first)
+        pass
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -159,6 +177,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.cache:
         os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.cache)
+        share_model_infos(args.cache)
     workers = args.tp * args.pp
     if workers > 1:  # one core per worker (vllm-cpu binds each worker's OpenMP threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(workers))))

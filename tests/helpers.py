@@ -129,6 +129,17 @@ def graph_of(op: Any, args: list, out: Any, kwargs: dict[str, Any] | None = None
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
+def vllm_cache_root(folder: Path) -> str:
+    """``folder`` as a VLLM_CACHE_ROOT of a run's own (its compiled artifacts apart), sharing
+    vLLM's model-class inspections with the default root (a subprocess each otherwise:
+    examples/vllm_tiny.py's ``share_model_infos``)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import vllm_tiny
+
+    vllm_tiny.share_model_infos(str(folder))
+    return str(folder)
+
+
 def perf_model(arch: str):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.metrics.perf import ModelMetrics

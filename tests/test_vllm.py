@@ -16,7 +16,7 @@ import pytest
 from fxflops.report.files import load_reports
 from fxflops.report.merge import merge_rows
 from tests import procs
-from tests.helpers import HEAD_DIM, HEADS, KV_HEADS, LAYERS, dense_matmul_per_token
+from tests.helpers import HEAD_DIM, HEADS, KV_HEADS, LAYERS, dense_matmul_per_token, vllm_cache_root
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_cpu]  # its engine
@@ -174,7 +174,7 @@ def test_vllm_bench_latency_cli_flow(tmp_path):
     out = tmp_path / "out"
     proc = procs.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(out)],
                      timeout=900, cwd=ROOT,
-                     env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache")})
+                     env={**os.environ, "VLLM_CACHE_ROOT": vllm_cache_root(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Avg latency" in proc.stdout + proc.stderr
     assert "<forward>" in proc.stdout  # the report table
@@ -192,7 +192,7 @@ def test_mode3_backend_name_on_cpu_runs_instrumented(tmp_path):
     plugins before it parses -cc, so the name shim accepts it and switches FXFLOPS=1 on; vLLM
     on CPU then turns mode 3 into mode 2 with Inductor, which is instrumented."""
     env = {k: v for k, v in os.environ.items() if k != "FXFLOPS"}
-    env["VLLM_CACHE_ROOT"] = str(tmp_path / "cache")
+    env["VLLM_CACHE_ROOT"] = vllm_cache_root(tmp_path / "cache")
     proc = procs.run(["bash", str(ROOT / "examples" / "vllm_latency.sh"), str(tmp_path / "out"),
                      '{"mode": 3, "backend": "fxflops"}'],
                      timeout=900, cwd=ROOT, env=env)

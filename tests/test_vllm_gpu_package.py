@@ -23,6 +23,7 @@ import pytest
 
 from fxflops.report.files import load_reports
 from tests import procs
+from tests.helpers import vllm_cache_root
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -73,7 +74,7 @@ def launch(tmp: Path, name: str, how: str, cache: Path) -> tuple[dict, dict | No
     (tests/vllm_launch.py) and fxflops' report (None where fxflops was off)."""
     out = tmp / name
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
-    env.update(VLLM_CACHE_ROOT=str(cache), FXFLOPS_OUT=str(out / "fxflops"))
+    env.update(VLLM_CACHE_ROOT=vllm_cache_root(cache), FXFLOPS_OUT=str(out / "fxflops"))
     proc = procs.run([sys.executable, str(ROOT / "tests" / "vllm_launch.py"),
                       str(tmp / f"{name}.json"), how], timeout=900, cwd=ROOT, env=env)
     assert proc.returncode == 0, f"{name}: {proc.stdout[-2000:]}{proc.stderr[-6000:]}"

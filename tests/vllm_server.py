@@ -48,6 +48,7 @@ class Server:
         env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
                "FXFLOPS_OUT": str(self.out), "FXFLOPS_FLUSH_S": "1",
                "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache")}
+        vllm_tiny.share_model_infos(str(folder / "cache"))  # (vLLM's inspections shared)
         for var in ("PROMETHEUS_MULTIPROC_DIR", "FXFLOPS_PROMETHEUS_DIR", "FXFLOPS_RUN_ID"):
             env.pop(var, None)
         env.update(env_extra or {})
