@@ -182,3 +182,22 @@ def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode):
     assert {size: r["calls"] for size, r in rows.items()} == {4: 2, 7: 1}
     for tokens, row in rows.items():
         assert row["matmul_flops"] == 2 * tokens * 16 * 32
+
+
+def test_what_turned_breakable_graphs_on_is_named(monkeypatch):
+    """Why vLLM compiled nothing, as vLLM 0.34's ``_maybe_enable_breakable_cudagraph``
+    decides it: the variable where it is set, else the architecture vLLM turns them on
+    for, else batch invariance."""
+    from fxflops.integrations.vllm.uncompiled import breakable_because
+
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    by_arch = SimpleNamespace(model_config=SimpleNamespace(architectures=["KimiK3ForCausalLM"]),
+                              _uses_breakable_cudagraph_by_default=lambda: True)
+    assert breakable_because(by_arch) == \
+        "which vLLM turns on by default for KimiK3ForCausalLM"
+    other = SimpleNamespace(model_config=None, _uses_breakable_cudagraph_by_default=lambda: False)
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert breakable_because(other) == "which VLLM_BATCH_INVARIANT=1 turns on"
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    assert breakable_because(by_arch) == "VLLM_USE_BREAKABLE_CUDAGRAPH=1"
