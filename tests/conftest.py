@@ -12,6 +12,14 @@ import fxflops
 # a peak measured on this host (``fxflops peak --measure``) must not change what the tests
 # see: the suite and every process it starts keep their own cache folder
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fxflops-test-cache-")
+# ... but vLLM's inspection of each model class (``modelinfos``, keyed by its source's hash:
+# a subprocess that imports vLLM, about 13 s, each time it is missing) is shared by every
+# process of the suite, its workers and the engine runs they start (examples/vllm_tiny.py
+# links a run's own cache root to it)
+_MODEL_INFOS = os.path.join(tempfile.gettempdir(), f"fxflops-test-vllm-modelinfos-{os.getuid()}")
+os.makedirs(_MODEL_INFOS, exist_ok=True)
+os.makedirs(os.path.join(os.environ["XDG_CACHE_HOME"], "vllm"))
+os.symlink(_MODEL_INFOS, os.path.join(os.environ["XDG_CACHE_HOME"], "vllm", "modelinfos"))
 
 
 # ``torch.compile(dynamic=...)`` sets these Dynamo settings process-wide around each call of

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import sys
@@ -245,32 +244,59 @@ def test_installed_but_off_fxflops_leaves_vllms_hash_and_workers_environment():
 
 CLI = """
 import json, os, sys
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # as vLLM's CLI does, before it parses its arguments
+# vLLM's CLI imports its engine arguments before it loads the general plugins: imported
+# once here, then each command line resolved in a child forked from this process, so that
+# each starts as a fresh CLI would, plugins not loaded yet (what costs a CLI process its
+# seconds is importing vLLM: paid once)
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-import fxflops.integrations.vllm.plugin as plugin
-parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-try:
-    args = parser.parse_args(sys.argv[1:])
-except SystemExit as e:
-    print(json.dumps({"refused": True})); raise SystemExit(0)
-config = EngineArgs.from_cli_args(args).create_engine_config()
-cc = config.compilation_config
-print(json.dumps({"refused": False, "mode": int(cc.mode), "backend": cc.backend,
-                  "on": os.environ.get("FXFLOPS") == "1", "hooks": "hooks" in plugin._installed}))
+
+
+def resolve(argv):
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # as vLLM's CLI does, before it parses its arguments
+    import fxflops.integrations.vllm.plugin as plugin
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        return {"refused": True}
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    cc = config.compilation_config
+    return {"refused": False, "mode": int(cc.mode), "backend": cc.backend,
+            "on": os.environ.get("FXFLOPS") == "1", "hooks": "hooks" in plugin._installed}
+
+
+children = []
+for i, argv in enumerate(json.loads(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            got = resolve(argv)
+        except BaseException as e:
+            got = {"error": f"{type(e).__name__}: {e}"}
+        os.write(1, (json.dumps([i, got]) + "\\n").encode())  # (one line: one write)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
 """
 
 
-def resolve(model: str, *cli: str) -> dict:
-    """What vLLM's CLI makes of ``vllm serve MODEL *cli`` (its engine config), in a process of
-    its own where nothing switched fxflops on before."""
+def resolve(model: str, clis: list[tuple[str, ...]]) -> list[dict]:
+    """What vLLM's CLI makes of ``vllm serve MODEL *cli`` (its engine config), for each
+    of ``clis``, each in a process of its own where nothing switched fxflops on before."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXFLOPS")}
-    proc = procs.run([sys.executable, "-c", CLI, "--model", model, "--load-format", "dummy",
-                      "--skip-tokenizer-init", "--max-model-len", "512", *cli], timeout=300,
+    common = ["--model", model, "--load-format", "dummy", "--skip-tokenizer-init",
+              "--max-model-len", "512"]
+    proc = procs.run([sys.executable, "-c", CLI,
+                      json.dumps([[*common, *cli] for cli in clis])], timeout=300,
                      cwd=Path(__file__).resolve().parents[1], env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    got = dict(json.loads(line) for line in proc.stdout.splitlines()
+               if line.startswith("[") and line.endswith("}]"))
+    assert sorted(got) == list(range(len(clis))), (proc.stdout[-2000:], proc.stderr[-4000:])
+    return [got[i] for i in range(len(clis))]
 
 
 def test_the_documented_command_lines_switch_fxflops_on():
@@ -297,13 +323,8 @@ def test_the_documented_command_lines_switch_fxflops_on():
     }
     off = ("-cc", '{"mode": 3}')
     old = ("-O", "{'level': 3, 'backend': 'fxflops'}")
-    # each in a fresh process of its own: the first alone (it leaves vLLM's inspection of
-    # the model class in the cache the others read), then three at a time (each mostly
-    # imports vLLM)
     clis = [*cases, off, old]
-    got = {clis[0]: resolve(model, *clis[0])}
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        got.update(zip(clis[1:], pool.map(lambda cli: resolve(model, *cli), clis[1:])))
+    got = dict(zip(clis, resolve(model, clis)))
     for cli, (mode, backend) in cases.items():
         assert got[cli] == {"refused": False, "mode": mode, "backend": backend, "on": True,
                             "hooks": True}, (cli, got[cli])
