@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from fxflops.cost.analysis import analysis_version
-from fxflops.cost.census import CENSUS_LOCK, Census, module_names, shape_class, tensors
+from fxflops.cost.census import CENSUS_LOCK, CallKey, Census, module_names, shape_class, tensors
 from fxflops.cost.graph_cost import CostAt
 from fxflops.instrument.plan import GraphPlan
 from fxflops.instrument.registration import register_graph
@@ -118,7 +118,7 @@ class EagerModel:
                     plan = GraphPlan(cost, "static", device, analysis_version())
                     # (its per-op and per-module split is this first census's: say at what)
                     meta = {**self._meta,
-                            "split_size": size_label(cost.binder.as_tuple(key))}
+                            "split_size": size_label(CallKey().as_tuple(key))}
                     record = register_graph(plan, self.name, meta, None)
                     graph = InstrumentedGraph(self._run, record, plan, clock)
                 graph.record.counted[key] = CostAt(*cost.totals())

@@ -225,21 +225,6 @@ class Recorder:
         """The open scopes, innermost (the latest opened) first."""
         return self.scopes[::-1]
 
-    def scope_view(self, scope: RecordingScope) -> Recorder:
-        """A read-only copy of this recorder that holds only what ``scope`` saw: the
-        graphs that ran in it, with its rows (what a report of the scope is built from).
-        Whole forwards, collectives and engine figures are the process's only."""
-        view = self.snapshot().recorder
-        view.graphs = scope.graphs_run(view.graphs)
-        view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
-        view.uninstrumented, view.collectives = [], {}
-        passes = copy.copy(self.backward_passes)
-        passes.by_size = scope.backward_passes()
-        view.backward_passes = passes
-        view.engine = EngineStats()
-        view.started = scope.started
-        return view
-
     # --- reading ----------------------------------------------------------------------
 
     def graphs_snapshot(self) -> list[GraphRecord]:

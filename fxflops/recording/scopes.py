@@ -79,7 +79,7 @@ class RecordingScope:
     def graphs_run(self, records: list[GraphRecord]) -> list[GraphRecord]:
         """The graphs that ran while the scope was open, each holding what the scope saw
         (``GraphRecord.with_rows``), in registration order: what a report of the scope is
-        built from (``Recorder.scope_view``)."""
+        built from (``report.scope.scope_view``)."""
         out = []
         for record in records:
             rows = self.rows_of(record)

@@ -22,14 +22,32 @@ or outside.
 
 from __future__ import annotations
 
+import copy
 from types import TracebackType
 from typing import Any
 
+from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.recorder import Recorder, recorder
 from fxflops.recording.scopes import RecordingScope
 from fxflops.report.build import build_report, recorder_rows
 from fxflops.report.schema import GraphRow
 from fxflops.util import human
+
+
+def scope_view(rec: Recorder, scope: RecordingScope) -> Recorder:
+    """A read-only copy of ``rec`` that holds only what ``scope`` saw: the graphs that ran
+    in it, with its rows (what a report of the scope is built from). Whole forwards,
+    collectives and engine figures are the process's only."""
+    view = rec.snapshot().recorder
+    view.graphs = scope.graphs_run(view.graphs)
+    view.forwards, view.warmup_forwards, view.draft_forwards = {}, {}, {}
+    view.uninstrumented, view.collectives = [], {}
+    passes = copy.copy(rec.backward_passes)
+    passes.by_size = scope.backward_passes()
+    view.backward_passes = passes
+    view.engine = EngineStats()
+    view.started = scope.started
+    return view
 
 
 class Scope:
@@ -63,14 +81,14 @@ class Scope:
         return self._scope is not None and not self._scope.closed
 
     def _view(self) -> Recorder:
-        """The recorder as far as this scope saw it (``Recorder.scope_view``)."""
+        """The recorder as far as this scope saw it (``scope_view``)."""
         if self._scope is None or self._recorder is None:
             raise RuntimeError("fxflops.scope(): not entered yet (use it as `with "
                                "fxflops.scope() as s:`)")
         # CUDA-event samples of its calls, waited for (a bounded wait, as a flush's:
         # reading the times needs them)
         self._recorder.settle(wait=True)
-        return self._recorder.scope_view(self._scope)
+        return scope_view(self._recorder, self._scope)
 
     # --- reading ----------------------------------------------------------------------
 
