@@ -134,7 +134,7 @@ def test_v2_execute_model_rows_and_attention():
 
 
 @pytest.mark.parametrize("mode", [0, 3])
-def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode):
+def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode, monkeypatch):
     """vLLM's own ``Worker.load_model`` (the CPU and GPU workers'), as fxflops' plugin wraps
     it, on a worker whose runner loads a real module: in compilation mode NONE the loaded
     model's forward is counted from the ops it runs, from its first call in a forward
@@ -144,9 +144,14 @@ def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode):
 
     from vllm.config import CompilationConfig, VllmConfig
     from vllm.forward_context import set_forward_context
+    from vllm.v1.worker import gpu_worker
     from vllm.v1.worker.gpu_worker import Worker
 
     from fxflops.integrations.vllm import plugin
+
+    # (0.34's load sets the process's torch threads for serving: not this test process's)
+    monkeypatch.setattr(gpu_worker, "set_torch_threads_for_runtime", lambda: None,
+                        raising=False)
 
     plugin.install()
     assert getattr(Worker.load_model, "_fxflops", False)
@@ -166,7 +171,7 @@ def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode):
         vllm_config=config, model_runner=runner,
         _maybe_get_memory_pool_context=lambda tag: nullcontext(),
         _scoped_allocator_max_split=lambda max_split_size_mb: nullcontext(),
-        _external_weight_charges=SimpleNamespace(track=nullcontext))
+        _external_weight_charges=SimpleNamespace(track=nullcontext, fallback_bytes=0))
     Worker.load_model(worker)
     model = runner.model
     with torch.no_grad():

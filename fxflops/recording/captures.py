@@ -3,7 +3,8 @@ belongs to, and, per graph captured, the instrumented calls it holds and its rep
 (``recording.cuda_events`` says how they are counted and timed).
 
 Nothing here has a lock of its own: every write is made under the clock's lock
-(``CudaClock.lock``), except what a thread keeps for itself (the captures it holds).
+(``CudaClock.lock``, which the tracker is given), except what a thread keeps for itself
+(the captures it holds).
 """
 
 from __future__ import annotations
@@ -159,9 +160,11 @@ class CapturedGraph:
 
 
 class CaptureTracker:
-    """The captures in progress (in any thread) and the graphs captured."""
+    """The captures in progress (in any thread) and the graphs captured. ``lock``: the
+    clock's, which its writes are made under."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
         self.capturing = 0  # captures in progress, in any thread
         self.captures: list[CapturedGraph] = []  # ... and their graphs
         self.unowned: list[tuple[Any, Any]] = []  # captured pairs no capture could be found for
@@ -178,6 +181,35 @@ class CaptureTracker:
         if stack is None:
             stack = self._mine.graphs = []
         return stack
+
+    def capture(self, graph: Any, entry: CapturedGraph, begin: Callable[[], Any]) -> Any:
+        """``graph``'s capture begins (``begin()``: CUDA's own), on this thread, as
+        ``entry``; counted as in progress first (a collection on another thread finishes
+        its reads before it), forgotten again if it fails to begin."""
+        with self.lock:
+            self.capturing += 1
+        try:
+            entry.graph = weakref.ref(graph)
+            with self.lock:
+                self.begun(graph, entry)
+            try:
+                graph._fxflops_entry = entry  # (a graph class without a __dict__: none)
+            except AttributeError:
+                pass
+            return begin()
+        except BaseException:
+            with self.lock:
+                self.ended(graph)
+            raise
+
+    def end(self, graph: Any, end: Callable[[], Any]) -> Any:
+        """``graph``'s capture ends (``end()``: CUDA's own), whether or not CUDA's end
+        succeeds."""
+        try:
+            return end()
+        finally:
+            with self.lock:
+                self.ended(graph)
 
     def begun(self, graph: Any, entry: CapturedGraph) -> None:
         """(Under the lock, ``capturing`` counted already.) ``graph``'s capture begins, on

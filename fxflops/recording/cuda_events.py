@@ -88,7 +88,6 @@ import dataclasses
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -134,7 +133,7 @@ class CudaClock:
         self.now: Callable[[], int] = getattr(cuda, "host_clock_ns", None) or time.perf_counter_ns
         self.lock = threading.Lock()
         self.queue = EventQueue(cuda, max_in_flight)
-        self.tracker = CaptureTracker()
+        self.tracker = CaptureTracker(self.lock)
         self.open: list[EventPair] = []  # eager calls' pairs started and not stopped yet
         # the chosen replays' strides (under the lock: see the module's text)
         self.rng = random.Random(REPLAY_SEED)
@@ -279,32 +278,14 @@ class CudaClock:
         return self.tracker.capture_of_call(self.cuda, captures)
 
     def capture_begun(self, graph: Any, begin: Any, args: Any, kwargs: Any) -> Any:
-        with self.lock:  # (a collection on another thread finishes its reads first)
-            self.tracker.capturing += 1
-        try:
-            # (the stream torch captures on: this thread's current one)
-            entry = CapturedGraph(self.cuda.current_device(), self.cuda.current_stream(),
-                                  threading.get_ident(), config.REPLAY_SAMPLE_EVERY.get(),
-                                  self._replays)
-            entry.graph = weakref.ref(graph)
-            with self.lock:
-                self.tracker.begun(graph, entry)
-            try:
-                graph._fxflops_entry = entry  # (a graph class without a __dict__: none)
-            except AttributeError:
-                pass
-            return begin(graph, *args, **kwargs)
-        except BaseException:
-            with self.lock:
-                self.tracker.ended(graph)
-            raise
+        # (the stream torch captures on: this thread's current one)
+        entry = CapturedGraph(self.cuda.current_device(), self.cuda.current_stream(),
+                              threading.get_ident(), config.REPLAY_SAMPLE_EVERY.get(),
+                              self._replays)
+        return self.tracker.capture(graph, entry, lambda: begin(graph, *args, **kwargs))
 
     def capture_ended(self, graph: Any, end: Any, args: Any, kwargs: Any) -> Any:
-        try:
-            return end(graph, *args, **kwargs)
-        finally:
-            with self.lock:
-                self.tracker.ended(graph)
+        return self.tracker.end(graph, lambda: end(graph, *args, **kwargs))
 
     def replayed_any(self, graph: Any, entry: CapturedGraph | None, replay: Any, args: Any,
                      kwargs: Any) -> Any:
