@@ -12,6 +12,10 @@ model), through ``fxflops.eager(model)`` as users call it, in one run:
    a sample one in ``FXFLOPS_SAMPLE_EVERY``): blocks of calls through ``fxflops.eager``
    and blocks of the bare model, interleaved, per round; the median over rounds of each
    round's difference and ratio. fxflops off is the bare model.
+3. **fxflops' own part** of a call: the same path around a callable that does nothing.
+4. **vLLM's seam in mode NONE** (where vLLM is installed): a forward counted as the
+   worker's load sets it, called in a vLLM forward context, against the bare forward in
+   the same context.
 
 Figures are this machine's (a shared 2-core VM): docs/benchmarks.md keeps them.
 """
@@ -104,6 +108,43 @@ def main() -> None:
         own = [block(idle, x, 20000) - block(nothing, x, 20000) for _ in range(args.rounds)]
         print(f"3. fxflops' own cost per call (around a callable that does nothing): "
               f"{statistics.median(own):+.2f} us")
+        vllm_seam(x, args.rounds)
+
+
+def vllm_seam(x: torch.Tensor, rounds: int) -> None:
+    """4. vLLM's seam in mode NONE (``integrations/vllm/uncompiled.py``): a model's forward
+    as the worker's load sets it, called inside a vLLM forward context as vLLM calls it,
+    around a forward that does nothing, against that forward in the same context: what a
+    serving step pays for being counted (where vLLM is installed)."""
+    try:
+        from vllm.config import VllmConfig
+        from vllm.forward_context import set_forward_context
+
+        from fxflops.instrument.eager import EagerModel
+        from fxflops.integrations.vllm.uncompiled import counted_forward
+    except ImportError:
+        print("4. vLLM's seam: not measured (no vLLM in this environment)")
+        return
+
+    def forward(input_ids: object = None, positions: object = None) -> object:
+        return positions
+
+    seam = counted_forward(EagerModel(forward, "bench_vllm_seam"), forward)
+    positions = torch.arange(x.shape[-1])
+    with set_forward_context(None, VllmConfig()):
+        seam(input_ids=None, positions=positions)  # the size's census
+
+        def counted(p: torch.Tensor) -> object:
+            return seam(input_ids=None, positions=p)
+
+        def bare(p: torch.Tensor) -> object:
+            return forward(input_ids=None, positions=p)
+
+        block(counted, positions, 300)
+        own = [block(counted, positions, 20000) - block(bare, positions, 20000)
+               for _ in range(rounds)]
+    print(f"4. vLLM's seam, per forward (mode NONE, in a forward context, around a forward "
+          f"that does nothing): {statistics.median(own):+.2f} us")
 
 
 if __name__ == "__main__":

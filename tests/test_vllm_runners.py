@@ -143,7 +143,7 @@ def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode, monkeypa
     from contextlib import nullcontext
 
     from vllm.config import CompilationConfig, VllmConfig
-    from vllm.forward_context import set_forward_context
+    from vllm.forward_context import override_forward_context, set_forward_context
     from vllm.v1.worker import gpu_worker
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -175,7 +175,8 @@ def test_a_worker_loading_an_uncompiled_model_counts_its_forwards(mode, monkeypa
     Worker.load_model(worker)
     model = runner.model
     with torch.no_grad():
-        model(None, torch.arange(5))  # outside a forward context: not vLLM's forward
+        with override_forward_context(None):  # outside a forward context: not vLLM's
+            model(None, torch.arange(5))
         with set_forward_context(None, config):
             for tokens in (4, 4, 7):
                 out = model(None, torch.arange(tokens))
