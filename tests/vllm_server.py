@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from tests import procs
+from tests.helpers import vllm_cache_root
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +48,7 @@ class Server:
         self.model = vllm_tiny.tiny_llama(str(folder / "model"))
         env = {**os.environ, "FXFLOPS": "1", "FXFLOPS_PROMETHEUS": "1",
                "FXFLOPS_OUT": str(self.out), "FXFLOPS_FLUSH_S": "1",
-               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache")}
-        vllm_tiny.share_model_infos(str(folder / "cache"))  # (vLLM's inspections shared)
+               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": vllm_cache_root(folder / "cache")}
         for var in ("PROMETHEUS_MULTIPROC_DIR", "FXFLOPS_PROMETHEUS_DIR", "FXFLOPS_RUN_ID"):
             env.pop(var, None)
         env.update(env_extra or {})

@@ -313,10 +313,9 @@ def _timed_forward(original: Any) -> Any:
             if tokens is not None:
                 row = begin_step(runner, tokens, *batch_lengths(runner))
                 token = clock_of(runner).start(row)
-        except Exception as e:
+        except Exception as e:  # (``token`` is still None: nothing is timed)
             warn_once("vllm-forward", "fxflops: whole-forward timing off (%s: %s)",
                       type(e).__name__, e)
-            token = None
         try:
             if token is None:  # (a dummy run, or fxflops failed): counts nothing either
                 end_step()

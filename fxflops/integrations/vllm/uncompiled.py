@@ -91,33 +91,33 @@ def _model_of(runner: Any) -> Any:
 def count_forwards(runner: Any) -> Any:
     """Where vLLM compiles nothing, the runner's model counted from the ops its forwards
     run (an ``EagerModel``, its forward set on the model); None where vLLM compiles it, or
-    counting failed (said once: the forwards are then timed only). Once per loaded
-    model."""
+    counting failed (said once: the forwards are then timed only). Once per model: a model
+    whose forward is counted already keeps it (two runners of one model count it once)."""
     try:
         model = _model_of(runner)
     except Exception:  # (not loaded yet)
         return None
-    if getattr(runner, "_fxflops_eager_of", None) is model:
-        return runner._fxflops_eager
-    eager = None
+    counted = getattr(vars(model).get("forward"), "eager", None)
+    if counted is not None:
+        return counted
     try:
         why = uncompiled_model(runner)
-        if why is not None:
-            from fxflops.cost.census import module_names
-            from fxflops.instrument.eager import EagerModel
+        if why is None:
+            return None
+        from fxflops.cost.census import module_names
+        from fxflops.instrument.eager import EagerModel
 
-            forward = model.forward
-            eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
-                               weights=[*model.parameters(), *model.buffers()],
-                               meta={"uncompiled": why},
-                               clock=clock_for(getattr(runner.device, "type", "cpu")))
-            model.forward = counted_forward(eager, forward)
+        forward = model.forward
+        eager = EagerModel(forward, "model_eager{index}", names=module_names(model),
+                           weights=[*model.parameters(), *model.buffers()],
+                           meta={"uncompiled": why},
+                           clock=clock_for(getattr(runner.device, "type", "cpu")))
+        model.forward = counted_forward(eager, forward)
+        return eager
     except Exception as e:  # the forwards are then timed, uncounted
         warn_once("vllm-eager", "fxflops: vLLM's uncompiled forwards not counted (%s: %s)",
                   type(e).__name__, e)
-        eager = None
-    runner._fxflops_eager, runner._fxflops_eager_of = eager, model
-    return eager
+        return None
 
 
 def counted_forward(eager: Any, forward: Any) -> Any:
@@ -148,6 +148,8 @@ def counted_forward(eager: Any, forward: Any) -> Any:
             return forward(*args, **kwargs)
         return eager.call_at(tokens, args, kwargs)
 
+    # (the model's counter, read by count_forwards: one per model)
+    forward_counted.eager = eager  # type: ignore[attr-defined]
     return forward_counted
 
 
