@@ -1171,9 +1171,11 @@ def main(argv: list[str]) -> int:
     server.serve(5)
     if len(argv) > 3:
         _signal_inside(argv[3], getattr(signal, argv[4]), argv[5])
+    import fxflops
     from fxflops.recording.phases import warmup
 
-    with warmup("warmup"):  # a phase change: the phase, recorder and record locks
+    # a phase (its new rows: the phase and record locks) and a scope (the recorder's)
+    with warmup("warmup"), fxflops.scope():
         server.serve(3)
     server.serve(steps)
     print("served", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import sys
@@ -159,3 +160,12 @@ def parameters(fn: Any, drop_first: bool) -> list[tuple[str, str, str | None]]:
     params = list(inspect.signature(fn).parameters.values())[1 if drop_first else 0:]
     return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
             for p in params]
+
+
+def graphs_of(record: Any) -> list[Any]:
+    """The instrumented callables whose calls go to ``record``'s rows (a record keeps no
+    reference to them: found among the live objects; by type, as a dead weak proxy among
+    them raises on ``isinstance``)."""
+    from fxflops.instrument.wrap import InstrumentedGraph
+    return [o for o in gc.get_objects()
+            if issubclass(type(o), InstrumentedGraph) and o.record is record]

@@ -27,6 +27,7 @@ from fxflops.cli.demo_model import DemoConfig, DemoDecoder
 from fxflops.cost.graph_cost import GraphCost, NodeCost
 from fxflops.cost.kernels import Shape, at_size, kernel_costs
 from tests import procs
+from tests.helpers import graphs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 W = torch.randn(256, 128)
@@ -193,7 +194,7 @@ def test_profiling_off_leaves_the_call_path_as_it_was():
         (record,) = fxflops.recorder().graphs
         mapped.append(record.kernels is not None)
         # the plain class: its __call__ is the inlined fast path
-        (graph,) = [g for g in record.readers]
+        (graph,) = graphs_of(record)
         assert type(graph) is InstrumentedGraph
     assert mapped == [False, True]
 

@@ -287,7 +287,7 @@ def test_a_graph_that_gives_up_is_reported_with_its_calls(monkeypatch):
     def broken(raw_key):
         raise RuntimeError("row exploded")
 
-    monkeypatch.setattr(graph, "new_row", broken)
+    monkeypatch.setattr(graph, "row", broken)
     for n in (5, 6, 7):  # new sizes: the row is made, and fails
         assert torch.equal(compiled(torch.ones(n)), torch.ones(n) + 1)
     report = fxflops.recorder().to_dict()
@@ -320,11 +320,12 @@ def test_through_torch_compile_the_object_keeps_its_rules(monkeypatch):
     assert {r.size: r.count for r in record.warmup["warmup"].values()} == {3: 1}
     compiled(torch.ones(3))
     assert {r.size: r.count for r in record.rows.values()} == {3: 4, 4: 2}
+    assert graph._rows is record.rows  # nothing rebound by the phase
 
     def broken(raw_key):
         raise RuntimeError("row exploded")
 
-    monkeypatch.setattr(record, "new_row", broken)
+    monkeypatch.setattr(record, "row", broken)
     compiled(torch.ones(5))  # a new size: the graph gives up
     for n in (3, 4):
         assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
@@ -907,3 +908,20 @@ def test_a_replay_whose_end_is_never_recorded_blocks_no_later_pair(sim, monkeypa
     row = record.rows[(phases.SERVING, 2)]
     assert row.count == 5 and row.samples_taken + row.lost == 5 and row.lost == 1
     assert len(clock.queue.pending) == 0
+
+
+def test_a_graph_compiled_inside_a_warmup_phase_records_there_then_serves():
+    """A graph first compiled inside a warm-up phase (vLLM compiles in its profile run):
+    its calls there are the phase's, the ones after it traffic, nothing switched; a new
+    size first seen in the phase has a row in each."""
+    with phases.warmup("profile"):
+        compiled = torch.compile(lambda x: x * 2, backend=fxflops.backend(inner="eager"),
+                                 dynamic=True)
+        for n in (3, 3, 5):
+            compiled(torch.randn(n))
+    for n in (3, 4):
+        compiled(torch.randn(n))
+    (record,) = fxflops.recorder().graphs
+    assert {r.size: r.count for r in record.warmup["profile"].values()} == {3: 2, 5: 1}
+    assert {r.size: r.count for r in record.rows.values()} == {3: 1, 4: 1}
+    assert sum(r["calls"] for r in fxflops.recorder().stats()) == 2  # traffic's only

@@ -288,7 +288,7 @@ def test_a_failing_phase_runs_uninstrumented(monkeypatch, fxflops_log):
     def broken(self, key):
         raise RuntimeError("row exploded")
 
-    monkeypatch.setattr(GraphRecord, "new_row", broken)
+    monkeypatch.setattr(GraphRecord, "row", broken)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     compiled = torch.compile(model, backend=fxflops.backend(inner="aot_eager"))

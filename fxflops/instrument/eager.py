@@ -123,7 +123,7 @@ class EagerModel:
                     graph = InstrumentedGraph(self._run, record, plan, clock)
                 graph.record.counted[key] = CostAt(*cost.totals())
                 if counted:
-                    row = graph.record.new_row(key)
+                    row = graph.record.row(key)
                     next(row.calls)  # the census's call: counted, its time not a sample
                     if row.runtime is not None:  # (a serving engine's attention: this call's lengths)
                         charge_runtime(row)

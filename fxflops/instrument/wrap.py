@@ -32,6 +32,7 @@ from fxflops.instrument.plan import GraphPlan, NotInstrumentable, plan
 from fxflops.instrument.registration import register_graph, register_uninstrumented
 from fxflops.recording import kernel_profile
 from fxflops.recording.clocks import CPU_CLOCK, Clock, clock_for, now
+from fxflops.recording.phases import IN_PROGRESS as _WARMUPS
 from fxflops.recording.recorder import recorder
 from fxflops.recording.runtime_costs import charge_runtime, coster
 from fxflops.recording.size_stats import SizeStats
@@ -237,8 +238,9 @@ class InstrumentedGraph(_Serializable):
             and record.kernels else None
         self._sampled = self._samples()
         self.entry: UninstrumentedGraph | None = None  # set when it gives up
-        self._rows: dict[Any, SizeStats] = {}
-        record.read_by(self)  # the rows its calls go to (of this phase): ``use_rows``
+        # the serving rows, at hand on the hot path (a warm-up call's row is chosen by its
+        # phase: ``GraphRecord.row``); the same dict for the graph's life
+        self._rows = record.rows
 
     def _samples(self) -> bool:
         """Whether a size's calls are sampled (the CPU clock, past a size's first calls),
@@ -246,10 +248,6 @@ class InstrumentedGraph(_Serializable):
         to profile) or another clock (CUDA events time every call on the device)."""
         return self.clock is CPU_CLOCK and not (self._runtime or self._passes is not None
                                                 or self._kernels_n is not None)
-
-    def use_rows(self, rows: dict[Any, SizeStats]) -> None:
-        """Send calls to ``rows`` (a phase's: ``GraphRecord.read_by``)."""
-        self._rows = rows
 
     # --- the hot path -----------------------------------------------------------------
 
@@ -262,7 +260,7 @@ class InstrumentedGraph(_Serializable):
             if host_raised(e):
                 raise
             return self._call_timed(args, None, key)
-        if self._sampled:
+        if self._sampled and not _WARMUPS:
             # this call's number at its size: counted now, exactly under threads
             # (``SizeStats.calls``), and timed only when a sample is due
             n = next(row.calls)
@@ -289,8 +287,8 @@ class InstrumentedGraph(_Serializable):
         try:
             if key is None:  # raises what reading it raised
                 key = self._key(args[0] if self.boxed else args)
-            if row is None:
-                row = self._rows.get(key) or self.record.new_row(key)
+            if row is None or _WARMUPS:  # a new size, or a warm-up's call: its phase's
+                row = self.record.row(key)
             if self._runtime and row.runtime is not None:
                 charge_runtime(row)
             if self._passes is not None:
@@ -299,7 +297,7 @@ class InstrumentedGraph(_Serializable):
             if host_raised(e):
                 raise
             return self._give_up(e, args)
-        if self._sampled:  # a new size's first call
+        if self._sampled:  # a new size's first call, or a warm-up's
             return self._call_sampled(args, row, next(row.calls))
         if self._kernels_n is not None and self._profiles(row):
             # one of the N calls per size under torch.profiler (``kernels=N``)
@@ -318,7 +316,7 @@ class InstrumentedGraph(_Serializable):
         vLLM's warm-up phases), never while any CUDA-graph capture is in progress (the
         profiler waits for the device, which a capture forbids: a replay's kernels are the
         graph's, not profiled)."""
-        if row is self.record.overflow or self._rows is not self.record.rows:
+        if row is self.record.overflow or _WARMUPS:
             return False
         if row.kernel_profile is not None and row.kernel_profile.calls >= (self._kernels_n or 0):
             return False
@@ -335,8 +333,7 @@ class InstrumentedGraph(_Serializable):
         reason = f"{type(error).__name__}: {error}"
         entry = recorder().register_uninstrumented(self.record.name, reason)
         # no row is read again: every call misses, and is counted in the entry
-        self.record.readers.discard(self)
-        self.use_rows({})
+        self._rows = {}
         self.entry = entry
         warn_once(f"broken:{id(self.record)}", "fxflops: instrumentation of graph %s failed "
                   "(%s); it runs uninstrumented from now on, its calls counted", self.record.name,
@@ -395,7 +392,9 @@ class OutputBoundGraph(InstrumentedGraph):
         ns = now() - t0
         try:
             key = self.record.binder.key_after(inputs, out)
-            row = self._rows.get(key) or self.record.new_row(key)
+            row = None if _WARMUPS else self._rows.get(key)
+            if row is None:
+                row = self.record.row(key)
             n = next(row.calls)
             if n >= row.due:
                 row.note(ns, n, self._first, self._every)

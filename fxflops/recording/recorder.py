@@ -95,7 +95,6 @@ class Recorder:
         # whole forwards (vLLM), per size: real traffic's, and each warm-up phase's
         self.forwards: dict[int, SizeStats] = {}
         self.warmup_forwards: dict[str, dict[int, SizeStats]] = {}
-        self._active_forwards = self.forwards
         # a speculative decoder's drafter passes (vLLM), per size: real traffic's only
         self.draft_forwards: dict[int, SizeStats] = {}
         # graphs fxflops could not instrument (they run as compiled, counted where possible)
@@ -118,9 +117,6 @@ class Recorder:
         self._deferred: Callable[[], Any] | None = None  # run when this flush ends
         self.run_id = placement.run_id()
         self.started = time.time()
-        now = phases.watch(self)
-        if now != SERVING:  # made during a warm-up (its first graph compiled there)
-            self.switch(now)
 
     # --- sinks ---------------------------------------------------------------------------
 
@@ -149,8 +145,6 @@ class Recorder:
             index = next(self._ids)
             record = GraphRecord(index, name.format(index=index), cost, static_size, meta)
             record.passes = self.backward_passes
-            if phase() != SERVING:  # compiled during a warm-up: its calls there are warm-up
-                record.enter_phase(phase())
             self.graphs.append(record)
         self.registered(record)
         return record
@@ -181,24 +175,19 @@ class Recorder:
             return next(self._ids)
 
     def forward_row(self, size: int) -> SizeStats:
-        return _row_of(self._active_forwards, size)
+        """A whole forward's row: its size's in the phase now."""
+        now = phase()
+        rows = self.forwards if now == SERVING else self.warmup_forwards.setdefault(now, {})
+        return _row_of(rows, size)
 
     def draft_forward_row(self, size: int) -> SizeStats | None:
         """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are
         dummy passes, which count nothing)."""
-        if self._active_forwards is not self.forwards:
+        if phases.IN_PROGRESS:
             return None
         return _row_of(self.draft_forwards, size)
 
     # --- warm-up and scopes -------------------------------------------------------------
-
-    def switch(self, phase: str) -> None:
-        """Send calls from now on to ``phase``'s rows (``warmup`` calls it)."""
-        with self._lock:
-            self._active_forwards = self.forwards if phase == SERVING else \
-                self.warmup_forwards.setdefault(phase, {})
-            for g in list(self.graphs):
-                g.enter_phase(phase)
 
     def open_scope(self) -> RecordingScope:
         """A new scope: a mark of every row, the CUDA-graph replays counted first (see

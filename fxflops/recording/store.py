@@ -5,10 +5,11 @@ passes.
 They hold data and nothing else: the report, the metrics and the dumps read them (and keep
 their own caches). The hot path only ever adds to a row; rows are made under a lock, and
 readers iterate over snapshots (``list(...)``, one C-level copy under the GIL), so a reader
-never sees a dict change size under it. A row is never replaced while it is read (a scope
-is marks of the rows: ``scopes``); the rows a graph's calls go to are switched, never per
-call, by a warm-up phase only (``phases``): warm-up calls are not traffic, and have rows of
-their own.
+never sees a dict change size under it. A row is never replaced and never rebound (a scope
+is marks of the rows: ``scopes``). A call's row is chosen in one place, ``row_in``, by its
+phase and size: warm-up calls (``phases``) are not traffic, and have rows of their own, so
+that no warm-up sample enters a serving row's sample window; the hot path keeps only the
+serving rows at hand, read while no warm-up is in progress.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import weakref
 from typing import Any
 
 from fxflops import config, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
-from fxflops.recording.phases import SERVING
+from fxflops.recording.phases import SERVING, phase
 from fxflops.recording.size_stats import (
     CallCounter,
     RuntimeCounts,
@@ -55,15 +55,10 @@ class GraphRecord:
         self.static_size = static_size
         self.meta = meta or {}
         # keyed by what ``binder.key(args)`` returns (an int for one size symbol): the
-        # rows of real traffic
+        # rows of real traffic, and each warm-up phase's (``row_in``). Never rebound: the
+        # callables that read them keep the same dicts for their life
         self.rows: dict[Any, SizeStats] = {}
         self.warmup: dict[str, dict[Any, SizeStats]] = {}
-        # the phase calls are recorded in (``enter_phase``)
-        self.phase = SERVING
-        # the rows calls go to now (``rows``, or a warm-up phase's), and the callables
-        # that read them on their hot path, pointed at a phase's rows when it changes
-        self.active = self.rows
-        self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the process's backward passes (a backward graph's calls note theirs there; set
         # by ``Recorder.register``)
         self.passes: BackwardPasses | None = None
@@ -92,24 +87,22 @@ class GraphRecord:
         ``MAX_DROPPED_KEYS`` of them)."""
         return len(self.dropped_keys)
 
-    def new_row(self, raw_key: Any) -> SizeStats:
-        """First call at a size (in this phase): evaluate the cost expressions once for it
-        (under the lock: two threads at one new size get one row)."""
-        row = self.active.get(raw_key)
-        return row if row is not None else self._row(None, raw_key)
+    def row(self, raw_key: Any) -> SizeStats:
+        """The row a call at ``raw_key`` made now goes to: its size's in the phase now
+        (``phases.phase``), made if new."""
+        return self.row_in(phase(), raw_key)
 
     def row_in(self, phase: str, raw_key: Any) -> SizeStats:
-        """The row of ``raw_key`` in ``phase``'s rows, made if new (a CUDA graph's replay
-        counts its calls in the phase it is replayed in)."""
+        """The row of ``raw_key`` in ``phase``'s rows, made if new (the one place a row is
+        chosen: a call's, in the phase it is made in; a CUDA graph's replay's, in the phase
+        it is replayed in). A new size's cost expressions are evaluated once for it (under
+        the lock: two threads at one new size get one row)."""
         rows = self.rows if phase == SERVING else self.warmup.get(phase, {})
         row = rows.get(raw_key)
-        return row if row is not None else self._row(phase, raw_key)
-
-    def _row(self, phase: str | None, raw_key: Any) -> SizeStats:
-        """(``phase`` None: the active one.)"""
+        if row is not None:
+            return row
         with self._lock:
-            return self._make(self.active if phase is None else self.phase_rows(phase),
-                              raw_key)
+            return self._make(self.phase_rows(phase), raw_key)
 
     def _make(self, rows: dict[Any, SizeStats], raw_key: Any) -> SizeStats:
         """(Under the lock.) The row of ``raw_key`` in ``rows``, made if new, its cost
@@ -139,20 +132,6 @@ class GraphRecord:
         """The process-wide rows of ``phase`` (``SERVING``: the real traffic's)."""
         return self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
 
-    def read_by(self, graph: Any) -> None:
-        """``graph`` reads the active rows on its hot path (``graph.use_rows``)."""
-        self.readers.add(graph)
-        graph.use_rows(self.active)
-
-    def enter_phase(self, phase: str) -> None:
-        """Send calls from now on to ``phase``'s rows (``SERVING``: the real traffic's).
-        O(readers), never a cost on the hot path."""
-        with self._lock:
-            self.phase = phase
-            self.active = self.phase_rows(phase)
-            for graph in list(self.readers):
-                graph.use_rows(self.active)
-
     def every_row(self) -> list[tuple[str, Any, SizeStats]]:
         """A snapshot of every row: (phase, size key, row), each phase's, and the overflow
         row (key ``OVERFLOW``, in the serving phase)."""
@@ -171,8 +150,6 @@ class GraphRecord:
         view.overflow = view.rows.pop(OVERFLOW, SizeStats((), "overflow"))
         view.warmup = {phase: dict(rows) for phase, rows in by_phase.items()
                        if phase != SERVING}
-        view.active = view.rows
-        view.readers = weakref.WeakSet()
         view.dropped_keys = set()
         return view
 
