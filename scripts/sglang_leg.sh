@@ -2,7 +2,7 @@
 # The SGLang tests on SGLang's own release (0.5.23, which pins torch 2.14.1, a CUDA build),
 # in an environment of its own, on this machine's CPU: SGLang's compile functions
 # (patch_model of both graph runners, install_torch_compiled) run on CPU tensors, and the
-# CUDA-graph capture on the tests' CUDA simulator (tests/test_sglang.py says what cannot
+# CUDA-graph capture on the tests' CUDA simulator (tests/integrations/sglang/test_sglang.py says what cannot
 # be driven without a GPU, and why). Its install is about 11 GB (SGLang's CUDA libraries).
 #   bash scripts/sglang_leg.sh [VERSION [PYTEST_ARGS...]]   (VENV_DIR: $FXFLOPS_SGLANG_VENV)
 # Without PYTEST_ARGS: the SGLang tests, and those of the pieces that need no SGLang (the
@@ -26,5 +26,5 @@ sglang.__version__, 'torch', torch.__version__); sys.exit(sglang.__version__ != 
 if [ $# -gt 0 ]; then
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs "$@"
 fi
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -n 0 tests/test_sglang.py \
-    tests/test_sglang_backend.py
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -n 0 tests/integrations/sglang/test_sglang.py \
+    tests/integrations/sglang/test_sglang_backend.py

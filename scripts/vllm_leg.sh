@@ -12,7 +12,7 @@
 # resolve on that release, feature by feature (scripts/vllm_gap.py): the next release's
 # gap is known in one command, before any test runs.
 # Without PYTEST_ARGS: the vLLM tests (-m vllm: in-process, the GPU lifecycle on the CUDA
-# simulator, the launches of tests/test_vllm_gpu_package.py), then the simulator's own
+# simulator, the launches of tests/integrations/vllm/test_vllm_gpu_package.py), then the simulator's own
 # tests against this torch's torch.cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,4 +60,4 @@ if [ $# -gt 0 ]; then
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs "$@"
 fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -m vllm tests/
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_cuda_sim.py
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/recording/test_cuda_sim.py

@@ -53,12 +53,12 @@ def fresh_state():
 
 @pytest.fixture(autouse=True, scope="module")
 def every_replay_timed_in_lifecycle_tests(request):
-    """tests/test_gpu_lifecycle.py asserts fxflops' behaviour from before CUDA-graph replays
+    """tests/recording/test_gpu_lifecycle.py asserts fxflops' behaviour from before CUDA-graph replays
     were sampled (issue 48): every piecewise replay timed (at least 90% with the device two
     steps behind, all once it caught up; timed + lost = calls). That is
     ``FXFLOPS_REPLAY_SAMPLE_EVERY=1``'s behaviour, which those tests are run with (its own
     runs and the processes it starts; module-scoped, so that its module-scoped fixtures see
-    it too); the sampling itself is tests/test_replay_sampling.py's."""
+    it too); the sampling itself is tests/recording/test_replay_sampling.py's."""
     if request.module.__name__.rsplit(".", 1)[-1] != "test_gpu_lifecycle":
         yield
         return

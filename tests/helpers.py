@@ -169,3 +169,19 @@ def graphs_of(record: Any) -> list[Any]:
     from fxflops.instrument.wrap import InstrumentedGraph
     return [o for o in gc.get_objects()
             if issubclass(type(o), InstrumentedGraph) and o.record is record]
+
+
+class RowsByPhase:
+    """The part of a graph record a captured call needs (``recording.captures``): its row
+    in a phase, made at first use."""
+
+    runtime_kinds = ()
+
+    def __init__(self) -> None:
+        from fxflops.recording.size_stats import SizeStats
+
+        self._row = SizeStats
+        self.rows: dict[tuple[str, int], Any] = {}
+
+    def row_in(self, phase: str, key: int) -> Any:
+        return self.rows.setdefault((phase, key), self._row((key,), key))

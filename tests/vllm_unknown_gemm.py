@@ -1,4 +1,4 @@
-"""(Run by tests/test_layers.py, in its own process: vLLM's distributed state is set up
+"""(Run by tests/cost/test_layers.py, in its own process: vLLM's distributed state is set up
 here.) vLLM's own ``ReplicatedLinear`` whose linear method dispatches to a GEMM kernel
 fxflops has no formula for, as vLLM dispatches per machine (``quant_method.apply``),
 compiled with ``backend="fxflops"`` at two sizes; the report is written to argv[1] and the

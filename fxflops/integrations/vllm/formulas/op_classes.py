@@ -5,7 +5,7 @@ lists them). Each is one of: *costed* (a formula: ``ops``, ``kernels``, ``gpu``,
 *inside* (a kernel that runs only inside another op a graph holds, counted by that op's
 formula: ``fxflops.cost.registry.register_inside``), *zero* (in a model's forward, but no
 FLOPs by design: the groups below) or *not a compute op* (never in a forward graph: set-up,
-queries, the sampler). tests/test_vllm_ops.py checks that every op
+queries, the sampler). tests/integrations/vllm/test_vllm_ops.py checks that every op
 of the installed vLLM and of the newest release's census is one of these, and
 docs/coverage.md has the counts.
 """
