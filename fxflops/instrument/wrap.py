@@ -277,10 +277,11 @@ class InstrumentedGraph(_Serializable):
         return out
 
     def _call_timed(self, args: tuple[Any, ...], row: SizeStats | None, key: Any) -> Any:
-        """A call the hot path does not only count: a new size (``row`` None), a call that
-        needs more than a count (run-time costs, a pass, a profile, CUDA events: its clock
-        counts and times it), or a graph that gave up. ``args``: as ``__call__`` was given
-        them; ``key``: their size key (None: not read)."""
+        """A call the hot path does not only count: a new size (``row`` None), a call made
+        during a warm-up phase (its row the phase's), a call that needs more than a count
+        (run-time costs, a pass, a profile, CUDA events: its clock counts and times it), or
+        a graph that gave up. ``args``: as ``__call__`` was given them; ``key``: their size
+        key (None: not read)."""
         if self.entry is not None:
             self.entry.count()
             return self._run(*args)
@@ -297,8 +298,11 @@ class InstrumentedGraph(_Serializable):
             if host_raised(e):
                 raise
             return self._give_up(e, args)
-        if self._sampled:  # a new size's first call, or a warm-up's
-            return self._call_sampled(args, row, next(row.calls))
+        if self._sampled:  # a new size's first call, or a warm-up's: sampled as any
+            n = next(row.calls)
+            if n < row.due:
+                return self._run(*args)
+            return self._call_sampled(args, row, n)
         if self._kernels_n is not None and self._profiles(row):
             # one of the N calls per size under torch.profiler (``kernels=N``)
             timed_row = row

@@ -175,6 +175,19 @@ class CaptureTracker:
         self.several: list[CapturedGraph] = []
         self._mine = threading.local()  # .graphs: the graphs this thread captures, innermost last
 
+    def forget_rows(self) -> None:
+        """(Under the clock's lock.) The recorder forgot its rows (a reset): every graph
+        looks its calls' rows up again at its next replay, in the rows made from then on,
+        and the replays it had not counted yet are forgotten with the rest."""
+        for entry in {id(e): e for e in (*self.graphs.values(), *self.several,
+                                         *self.captures)}.values():
+            entry.one = None  # (set again by its next served replay)
+            entry.rows.clear()
+            entry.pending.clear()
+            entry.unread.clear()
+            for split in (*entry.opens, *entry.closes):
+                split.rows.clear()
+
     def held_here(self) -> list[CapturedGraph]:
         """The captures this thread holds, innermost last."""
         stack = getattr(self._mine, "graphs", None)

@@ -62,6 +62,14 @@ def collect_samples(wait: bool = False, final: bool = False, in_signal: bool = F
                   "call; the samples in flight are not read in this report")
 
 
+def forget_captured_rows() -> None:
+    """The recorder forgot its rows: CUDA graphs captured before look theirs up again
+    (nothing to do, and nothing imported, where no CUDA clock was ever made)."""
+    timing = sys.modules.get("fxflops.recording.cuda_events")
+    if timing is not None:
+        timing.forget_rows()
+
+
 def in_flight() -> int:
     """CUDA-event samples not read yet (0 where no CUDA clock was ever made)."""
     timing = sys.modules.get("fxflops.recording.cuda_events")

@@ -510,6 +510,14 @@ def collect_all(wait_s: float = 0.0, lock_timeout: float = -1,
     return total
 
 
+def forget_rows() -> None:
+    """The recorder forgot its rows (``Recorder.reset``): no captured graph counts its
+    replays in the forgotten rows (``CaptureTracker.forget_rows``)."""
+    for c in list(_CLOCKS.values()):
+        with c.lock:
+            c.tracker.forget_rows()
+
+
 def status() -> dict[str, int]:
     """What the report says of CUDA timing: samples still in flight (their calls counted,
     untimed), samples given up past the in-flight cap, replays, captures in progress."""

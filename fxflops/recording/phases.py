@@ -29,9 +29,12 @@ _PHASE_LOCK = threading.Lock()
 
 
 def phase() -> str:
-    """The phase calls are recorded in now: ``SERVING``, or the innermost warm-up's."""
-    phases = IN_PROGRESS
-    return phases[-1] if phases else SERVING
+    """The phase calls are recorded in now: ``SERVING``, or the innermost warm-up's (read in
+    one step: another thread may leave the last phase meanwhile)."""
+    try:
+        return IN_PROGRESS[-1]
+    except IndexError:
+        return SERVING
 
 
 @contextmanager

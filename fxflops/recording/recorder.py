@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from fxflops import placement
 from fxflops.cost.graph_cost import GraphCost
 from fxflops.recording import phases
-from fxflops.recording.collection import collect_samples
+from fxflops.recording.collection import collect_samples, forget_captured_rows
 from fxflops.recording.engine_stats import EngineStats
 from fxflops.recording.phases import SERVING, phase
 from fxflops.recording.scopes import RecordingScope
@@ -295,6 +295,7 @@ class Recorder:
         open scopes forget theirs too)."""
         for g in self.graphs_snapshot():
             g.clear_counts()
+        forget_captured_rows()  # (a captured graph's replays: in the rows made from now on)
         self._forget()
         for scope in self.open_scopes():
             scope.clear()
@@ -304,7 +305,7 @@ class Recorder:
     def _forget(self) -> None:
         self.forwards.clear()
         self.draft_forwards.clear()
-        for forwards in self.warmup_forwards.values():
+        for forwards in list(self.warmup_forwards.values()):  # (a phase's first may come)
             forwards.clear()
         self.collectives.clear()
         self.backward_passes.by_size.clear()

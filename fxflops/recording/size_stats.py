@@ -13,17 +13,19 @@ then it is in flight, so that ``timed + lost <= chosen <= count``, equal once ev
 is in.
 
 **Counts exact under threads.** A row's calls are numbered by a counter whose ``next()``
-is one C call (``itertools.count``): under the GIL no other thread runs inside it, so
-threads calling one graph at one size each get a number of their own and no call is lost,
-at about a tenth of what taking a lock costs (benchmarks/overhead.py). A free-threaded
-Python (3.13t, 3.14t) has no GIL to make that call atomic, and there the counter takes a
-lock (``LockedCount``; chosen at import, by ``sys._is_gil_enabled()``). Everything else a
-row holds (samples, bulk counts) is written under the row's lock.
+is one C call (an iterator over ``range(sys.maxsize)``): under the GIL no other thread runs
+inside it, so threads calling one graph at one size each get a number of their own and no
+call is lost, at about a tenth of what taking a lock costs (benchmarks/overhead.py). How
+many numbers it gave is read through the iterator protocol's length hint, what is left of
+the range (``taken``), without taking one. A free-threaded Python (3.13t, 3.14t) has no
+GIL to make that call atomic, and there the counter takes a lock (``LockedCount``; chosen
+at import, by ``sys._is_gil_enabled()``). Everything else a row holds (samples, bulk
+counts) is written under the row's lock.
 """
 
 from __future__ import annotations
 
-import itertools
+import operator
 import sys
 import threading
 from array import array
@@ -36,8 +38,18 @@ if TYPE_CHECKING:
     from fxflops.cost.graph_cost import CostAt
 
 
+# how many calls a counter numbers at most: a range of C longs, whose iterator's ``next()``
+# is one C call (a billion calls a second would take 292 years to reach it)
+COUNTER_LIMIT = sys.maxsize
+
+
+def range_counter() -> Any:
+    """0, 1, 2, ...: the call counter where the GIL makes its one C call atomic."""
+    return iter(range(COUNTER_LIMIT))
+
+
 class LockedCount:
-    """``itertools.count``'s ``next()`` and ``repr``, under a lock: the call counter where
+    """``range_counter``'s ``next()`` and length hint, under a lock: the call counter where
     no GIL makes one C call atomic (a free-threaded Python)."""
 
     __slots__ = ("_lock", "_next")
@@ -52,19 +64,19 @@ class LockedCount:
             self._next = n + 1
         return n
 
-    def __repr__(self) -> str:
-        return f"count({self._next})"
+    def __length_hint__(self) -> int:
+        return COUNTER_LIMIT - self._next
 
 
 # the call counter rows use (``SizeStats.calls``)
-CallCounter: Any = itertools.count if getattr(sys, "_is_gil_enabled", lambda: True)() \
+CallCounter: Any = range_counter if getattr(sys, "_is_gil_enabled", lambda: True)() \
     else LockedCount
 
 
 def taken(counter: Any) -> int:
-    """How many numbers ``counter`` (an ``itertools.count()`` or a ``LockedCount``) gave:
-    its next one, read from its ``repr`` (``count(n)``) without taking it."""
-    return int(repr(counter)[6:-1])
+    """How many numbers ``counter`` (a ``CallCounter()``) gave, without taking one: what its
+    length hint says is left of its range, from the limit."""
+    return COUNTER_LIMIT - operator.length_hint(counter)
 
 
 # marks a row keeps waiting for their samples at most (``mark``)

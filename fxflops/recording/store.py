@@ -166,7 +166,7 @@ class GraphRecord:
     def clear_counts(self) -> None:
         """Every row forgotten (its callables keep reading the same dicts)."""
         self.rows.clear()
-        for rows in self.warmup.values():
+        for rows in list(self.warmup.values()):  # (a phase's first row may come meanwhile)
             rows.clear()
         self.overflow = SizeStats((), "overflow")
         self.dropped_keys.clear()

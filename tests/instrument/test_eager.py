@@ -169,6 +169,38 @@ def test_sizes_from_tensor_data_are_bound_from_the_outputs(monkeypatch, grad):
     assert sum(r["total_matmul_flops"] for r in rows) == expected > 0
 
 
+def test_calls_in_a_warmup_phase_go_to_its_rows_on_every_path(monkeypatch):
+    """A warm-up phase's calls (vLLM's profile run) go to the phase's rows and the calls
+    after it to the traffic's, for an uncompiled model (``fxflops.eager``) and a graph whose
+    size is read from its outputs (``OutputBoundGraph``): at a size served before the phase
+    too, whose serving row the hot path holds."""
+    from fxflops.recording import phases
+
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    counted = fxflops.eager(mlp())
+    compiled = torch.compile(DataSized(), backend="fxflops")
+    x, n = torch.randn(8, 64), torch.tensor(3)
+
+    def call_both() -> None:
+        with torch.no_grad():
+            counted(torch.randn(4, 32))
+            compiled(x, n)
+
+    call_both()  # served: each size's row made in the traffic's rows
+    with phases.warmup("profile"):
+        call_both()
+        call_both()
+    call_both()
+    assert len(fxflops.recorder().graphs) == 2
+    for record in fxflops.recorder().graphs:
+        served = {r.size: r.count for r in record.rows.values()}
+        warm = {r.size: r.count for r in record.warmup["profile"].values()}
+        assert list(served.values()) == [2] and served.keys() == warm.keys(), record.name
+        assert list(warm.values()) == [2], record.name
+    assert sum(r["calls"] for r in fxflops.recorder().stats()) == 4  # traffic's only
+
+
 def test_sizes_past_the_cap_go_to_the_overflow_row_uncensused(monkeypatch):
     """Bounded memory: past FXFLOPS_MAX_SIZES shape classes, no census runs and no cost is
     kept; the calls are counted and timed in the overflow row, as a compiled graph's are."""

@@ -96,20 +96,23 @@ def test_graph_calls_from_threads_all_count(inner, grad, sizes):
 
 def test_a_free_threaded_pythons_counter_counts_every_call_too(monkeypatch):
     """On a free-threaded Python rows number their calls with ``LockedCount`` (no GIL makes
-    ``itertools.count``'s C call atomic there): which counter this Python chose, and that
-    the locked one, put in its place here, counts every call of threads at one size, as
-    ``itertools.count`` does, its ``repr`` read as the count."""
-    import itertools
+    a range iterator's C call atomic there): which counter this Python chose, and that the
+    locked one, put in its place here, counts every call of threads at one size, as the
+    range iterator does, each read through its length hint (``taken``), and each numbering
+    the calls 0, 1, 2, ... (the numbers sampling compares)."""
     import sys
 
     from fxflops.recording import size_stats
 
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-    assert size_stats.CallCounter is (itertools.count if gil else size_stats.LockedCount)
-    for counter in (itertools.count(), size_stats.LockedCount()):
+    assert size_stats.CallCounter is (size_stats.range_counter if gil
+                                      else size_stats.LockedCount)
+    for counter in (size_stats.range_counter(), size_stats.LockedCount()):
         assert size_stats.taken(counter) == 0
+        assert [next(counter) for _ in range(3)] == [0, 1, 2]
+        assert size_stats.taken(counter) == 3
         made = hammer(lambda size, c=counter: next(c), (8,))
-        assert size_stats.taken(counter) == made[8] == THREADS * CALLS
+        assert size_stats.taken(counter) == made[8] + 3 == THREADS * CALLS + 3
     monkeypatch.setattr(size_stats, "CallCounter", size_stats.LockedCount)
     compiled = torch.compile(torch.nn.Linear(16, 16), backend=fxflops.backend(inner="eager"),
                              dynamic=True)

@@ -305,6 +305,7 @@ def test_through_torch_compile_the_object_keeps_its_rules(monkeypatch):
     assert {r.size: r.count for r in record.rows.values()} == {3: 3, 4: 2}
     with phases.warmup("warmup"):
         compiled(torch.ones(3))
+        assert graph._rows is record.rows  # nothing rebound by the phase
     assert {r.size: r.count for r in record.warmup["warmup"].values()} == {3: 1}
     compiled(torch.ones(3))
     assert {r.size: r.count for r in record.rows.values()} == {3: 4, 4: 2}
@@ -907,9 +908,46 @@ def test_a_graph_compiled_inside_a_warmup_phase_records_there_then_serves():
                                  dynamic=True)
         for n in (3, 3, 5):
             compiled(torch.randn(n))
+        for _ in range(1000):  # sampled as traffic is: past its first calls, one in 256
+            compiled(torch.ones(6))
     for n in (3, 4):
         compiled(torch.randn(n))
     (record,) = fxflops.recorder().graphs
-    assert {r.size: r.count for r in record.warmup["profile"].values()} == {3: 2, 5: 1}
+    warm = {r.size: r for r in record.warmup["profile"].values()}
+    assert {size: r.count for size, r in warm.items()} == {3: 2, 5: 1, 6: 1000}
+    assert 0 < warm[6].timed < 1000 - 256
     assert {r.size: r.count for r in record.rows.values()} == {3: 1, 4: 1}
     assert sum(r["calls"] for r in fxflops.recorder().stats()) == 2  # traffic's only
+
+
+@pytest.mark.parametrize("held", [1, 3])
+def test_replays_after_a_reset_count_in_the_new_rows(sim, monkeypatch, held):
+    """``fxflops.recorder().reset()`` forgets every row: a CUDA graph captured before it
+    (one call: a piecewise graph, whose served replays take the fast path; three: a FULL
+    graph, counted at collections) counts its replays after it in the rows made from then
+    on, and none of those before."""
+    compile_on_sim(monkeypatch, sim)
+    torch.manual_seed(0)
+    fns = [torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
+        inner=on_device(sim, 0.5 + i))) for i in range(held)]
+    x = torch.randn(4, 8)
+    rec = fxflops.recorder()
+    with torch.no_grad():
+        for f in fns:
+            f(x)
+        graph = sim.CUDAGraph()
+        with phases.warmup("capture"), sim.graph(graph):
+            for f in fns:
+                f(x)
+        for _ in range(10):
+            graph.replay()
+            sim.step()
+        rec.reset()
+        for _ in range(7):
+            graph.replay()
+            sim.step()
+        sim.drain()
+    rows = rec.stats()
+    assert len(rows) == held and all(r["calls"] == 7 for r in rows), rows
+    assert all(r["timed_calls"] + r["lost_samples"] == r["chosen_calls"] > 0 for r in rows)
+    assert sim.violations == []
