@@ -140,6 +140,23 @@ class CapturedGraph:
                     if lost:
                         row.add_lost(lost)
 
+    def forget_rows(self) -> None:
+        """(Under the clock's lock.) Its rows forgotten (a reset): looked up again at its
+        next replay; the replays not counted yet, and the last one's pairs, forgotten."""
+        self.drop_cached_rows()
+        self.pending.clear()
+        self.unread.clear()
+        self.last_phase = None
+        self.next_read = 0
+
+    def drop_cached_rows(self) -> None:
+        """(Under the clock's lock.) The rows it looked up, looked up again at its next
+        replay."""
+        self.one = None  # (set again by its next served replay)
+        self.rows.clear()
+        for split in (*self.opens, *self.closes):
+            split.rows.clear()
+
     def forget_last(self) -> None:
         """(The graph was freed.) Its last replay's pairs will never be read: lost."""
         if self.last_phase is not None:
@@ -173,20 +190,18 @@ class CaptureTracker:
         # until then even if the graph is freed first (vLLM releases graphs and captures
         # again while serving: elastic EP), so that no replay goes uncounted
         self.several: list[CapturedGraph] = []
+        self.epoch = 0  # resets of the recorder's rows so far (``forget_rows``)
         self._mine = threading.local()  # .graphs: the graphs this thread captures, innermost last
 
     def forget_rows(self) -> None:
         """(Under the clock's lock.) The recorder forgot its rows (a reset): every graph
         looks its calls' rows up again at its next replay, in the rows made from then on,
-        and the replays it had not counted yet are forgotten with the rest."""
-        for entry in {id(e): e for e in (*self.graphs.values(), *self.several,
-                                         *self.captures)}.values():
-            entry.one = None  # (set again by its next served replay)
-            entry.rows.clear()
-            entry.pending.clear()
-            entry.unread.clear()
-            for split in (*entry.opens, *entry.closes):
-                split.rows.clear()
+        and the replays it had not counted yet (and the last one's pairs) are forgotten
+        with the rest. A replay in progress meanwhile sees ``epoch`` move
+        (``CudaClock.replayed``)."""
+        self.epoch += 1
+        for entry in {id(e): e for e in (*self.graphs.values(), *self.several)}.values():
+            entry.forget_rows()
 
     def held_here(self) -> list[CapturedGraph]:
         """The captures this thread holds, innermost last."""

@@ -303,6 +303,7 @@ class CudaClock:
                  kwargs: Any) -> Any:
         """One replay: its calls counted in the current phase's rows, and timed."""
         phase = phases.phase()
+        epoch = self.tracker.epoch
         next(self._replays)  # (one C call: exact when threads replay at once)
         for split in entry.opens:  # split calls starting here: their pairs open first
             row = split.row_in(phase)
@@ -333,6 +334,13 @@ class CudaClock:
             opened, split.token = split.token, None
             if opened is not None:
                 self.stop(opened)
+        if self.tracker.epoch != epoch:  # a reset came meanwhile: what this replay
+            # cached may be the forgotten rows; its own rows are made again here (not by a
+            # collection, which must not wait on a record's lock)
+            with self.lock:
+                entry.drop_cached_rows()
+            if len(entry.calls) > 1:
+                entry.rows_in(phase)
         return out
 
     # --- collection (the report's flush, exit, a signal) --------------------------------

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from fxflops.cost.graph_cost import CostAt
 
 
-# how many calls a counter numbers at most: a range of C longs, whose iterator's ``next()``
-# is one C call (a billion calls a second would take 292 years to reach it)
+# how many calls a counter numbers at most (a billion calls a second would take 292 years
+# to reach it): a range whose iterator's ``next()`` is one C call (of C longs where a C long
+# is 64 bits; Windows' 32-bit long makes it Python's long range: as exact, a little slower)
 COUNTER_LIMIT = sys.maxsize
 
 

@@ -942,12 +942,57 @@ def test_replays_after_a_reset_count_in_the_new_rows(sim, monkeypatch, held):
         for _ in range(10):
             graph.replay()
             sim.step()
+        with phases.warmup("warmup"):  # the last replays before the reset: a warm-up's
+            for _ in range(3):
+                graph.replay()
+                sim.step()
         rec.reset()
         for _ in range(7):
             graph.replay()
             sim.step()
         sim.drain()
+        cuda_events.collect_all(final=True)  # the last replay's pairs too
     rows = rec.stats()
     assert len(rows) == held and all(r["calls"] == 7 for r in rows), rows
     assert all(r["timed_calls"] + r["lost_samples"] == r["chosen_calls"] > 0 for r in rows)
+    # nothing of before the reset came back: no warm-up row made by a late read
+    assert all(not record.warmup.get("warmup") for record in rec.graphs)
+    assert sim.violations == []
+
+
+def test_a_reset_during_a_replays_row_lookup_leaves_no_forgotten_row_in_use(sim, monkeypatch):
+    """A reset that lands while a piecewise graph's first served replay looks its row up
+    (another thread's ``fxflops.recorder().reset()``): the row that replay found is one the
+    recorder forgot, and the graph does not keep it for its next replays, which count in
+    the rows made after the reset."""
+    compile_on_sim(monkeypatch, sim)
+    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
+        inner=on_device(sim, 0.5)))
+    x = torch.randn(4, 8)
+    rec = fxflops.recorder()
+    with torch.no_grad():
+        compiled(x)
+        graph = sim.CUDAGraph()
+        with phases.warmup("capture"), sim.graph(graph):
+            compiled(x)
+        (record,) = rec.graphs
+        real = type(record).row_in
+        found = []
+
+        def row_in_then_reset(self, phase, key):
+            row = real(self, phase, key)
+            if phase == phases.SERVING and not found:
+                found.append(row)
+                rec.reset()  # after the lookup, before the replay keeps what it found
+            return row
+
+        monkeypatch.setattr(type(record), "row_in", row_in_then_reset)
+        for _ in range(8):
+            graph.replay()
+            sim.step()
+        sim.drain()
+    (row,) = rec.stats()
+    assert found and row["calls"] == 7  # the 7 after the one that straddled the reset
+    # the forgotten row holds the call before the capture and that replay, no more
+    assert found[0].count == 2
     assert sim.violations == []
