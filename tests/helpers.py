@@ -185,3 +185,26 @@ class RowsByPhase:
 
     def row_in(self, phase: str, key: int) -> Any:
         return self.rows.setdefault((phase, key), self._row((key,), key))
+
+
+def captured_linears(patcher: Any, sim: Any, held: int) -> Any:
+    """``held`` Linear(8, 8) layers compiled with fxflops' backend on the CUDA simulator
+    (kernels of 0.5, 1.5, ... ms), each called once, then captured together in one CUDA
+    graph in vLLM's "capture" phase (one: a piecewise graph; several: a FULL graph).
+    Returns the graph."""
+    import fxflops
+    from fxflops.recording import phases
+
+    compile_on_sim(patcher, sim)
+    torch.manual_seed(0)
+    fns = [torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
+        inner=on_device(sim, 0.5 + i))) for i in range(held)]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for f in fns:
+            f(x)
+        graph = sim.CUDAGraph()
+        with phases.warmup("capture"), sim.graph(graph):
+            for f in fns:
+                f(x)
+    return graph

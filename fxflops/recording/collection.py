@@ -4,8 +4,9 @@ Rows timed by CUDA events count a call when it is made and get its sample when i
 are read (``cuda_events``). Whoever reads the rows (a report's flush, a scrape, a scope's
 end) collects first; a flush waits a bounded time for the samples still in flight (a hung
 device or NCCL costs at most that), a signal's flush less, and the exit after a signal's
-flush not again. Nothing is imported here where no CUDA clock was ever made, so the signal
-path imports nothing.
+flush not again. A reset of the recorder's rows goes to the clocks' captured graphs the
+same way (``forget_captured_rows``). Nothing is imported here where no CUDA clock was ever
+made, so the signal path imports nothing.
 """
 
 from __future__ import annotations

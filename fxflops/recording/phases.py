@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 # the phase of real traffic; any other (vLLM's "profile" run, its "warmup" compiles, its
 # CUDA-graph "capture") is recorded apart, in rows of its own (``GraphRecord.warmup``)
@@ -34,6 +35,13 @@ def phase() -> str:
     never by an exception, which would cost each serving call a raise."""
     innermost = IN_PROGRESS[-1:]
     return innermost[0] if innermost else SERVING
+
+
+def rows_of(phase: str, serving: dict[Any, Any], warmups: dict[str, dict[Any, Any]]
+            ) -> dict[Any, Any]:
+    """The rows ``phase``'s calls go to: ``serving`` for real traffic, else the warm-up's
+    own in ``warmups`` (made at its first use)."""
+    return serving if phase == SERVING else warmups.setdefault(phase, {})
 
 
 @contextmanager

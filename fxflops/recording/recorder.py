@@ -31,7 +31,7 @@ from fxflops.cost.graph_cost import GraphCost
 from fxflops.recording import phases
 from fxflops.recording.collection import collect_samples, forget_captured_rows
 from fxflops.recording.engine_stats import EngineStats
-from fxflops.recording.phases import SERVING, phase
+from fxflops.recording.phases import phase
 from fxflops.recording.scopes import RecordingScope
 from fxflops.recording.size_stats import ForwardCounts, SizeStats
 from fxflops.recording.store import BackwardPasses, GraphRecord, UninstrumentedGraph
@@ -176,9 +176,7 @@ class Recorder:
 
     def forward_row(self, size: int) -> SizeStats:
         """A whole forward's row: its size's in the phase now."""
-        now = phase()
-        rows = self.forwards if now == SERVING else self.warmup_forwards.setdefault(now, {})
-        return _row_of(rows, size)
+        return _row_of(phases.rows_of(phase(), self.forwards, self.warmup_forwards), size)
 
     def draft_forward_row(self, size: int) -> SizeStats | None:
         """A drafter pass's row; None during a warm-up phase (vLLM's drafter warm-ups are

@@ -22,7 +22,7 @@ from typing import Any
 from fxflops import config, torch_compat
 from fxflops.cost.binder import SizeBinder, UnboundSymbolError
 from fxflops.cost.graph_cost import CostAt, GraphCost, evaluate
-from fxflops.recording.phases import SERVING, phase
+from fxflops.recording.phases import SERVING, phase, rows_of
 from fxflops.recording.size_stats import (
     CallCounter,
     RuntimeCounts,
@@ -130,7 +130,7 @@ class GraphRecord:
 
     def phase_rows(self, phase: str) -> dict[Any, SizeStats]:
         """The process-wide rows of ``phase`` (``SERVING``: the real traffic's)."""
-        return self.rows if phase == SERVING else self.warmup.setdefault(phase, {})
+        return rows_of(phase, self.rows, self.warmup)
 
     def every_row(self) -> list[tuple[str, Any, SizeStats]]:
         """A snapshot of every row: (phase, size key, row), each phase's, and the overflow

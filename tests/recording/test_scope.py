@@ -278,22 +278,12 @@ def test_a_scope_sees_cuda_graph_replays_as_the_recorders_difference(sim, monkey
     and after a scope, the device two replays behind: the scope's rows are exactly what the
     process's rows gained from its opening to its closing, calls, samples (the last two
     read after it closed), losses and time, and nothing of the replays after it."""
-    from tests.helpers import compile_on_sim, on_device
+    from tests.helpers import captured_linears
 
-    compile_on_sim(monkeypatch, sim)
-    monkeypatch.setenv("FXFLOPS_REPLAY_SAMPLE_EVERY", "4")
-    torch.manual_seed(0)
-    fns = [torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
-        inner=on_device(sim, 0.5 + i))) for i in range(held)]
-    x = torch.randn(4, 8)
+    monkeypatch.setenv("FXFLOPS_REPLAY_SAMPLE_EVERY", "4")  # (read at the capture)
+    graph = captured_linears(monkeypatch, sim, held)
     rec = fxflops.recorder()
     with torch.no_grad():
-        for f in fns:
-            f(x)
-        graph = sim.CUDAGraph()
-        with phases.warmup("capture"), sim.graph(graph):
-            for f in fns:
-                f(x)
         for _ in range(40):
             graph.replay()
             sim.step()

@@ -29,7 +29,7 @@ from fxflops.recording import cuda_events, phases
 from fxflops.recording.size_stats import SizeStats
 from fxflops.report.files import load_reports
 from tests.cuda_sim import CudaSim
-from tests.helpers import RowsByPhase, compile_on_sim, on_device
+from tests.helpers import RowsByPhase, captured_linears, compile_on_sim, on_device
 
 
 @pytest.fixture
@@ -926,19 +926,9 @@ def test_replays_after_a_reset_count_in_the_new_rows(sim, monkeypatch, held):
     (one call: a piecewise graph, whose served replays take the fast path; three: a FULL
     graph, counted at collections) counts its replays after it in the rows made from then
     on, and none of those before."""
-    compile_on_sim(monkeypatch, sim)
-    torch.manual_seed(0)
-    fns = [torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
-        inner=on_device(sim, 0.5 + i))) for i in range(held)]
-    x = torch.randn(4, 8)
+    graph = captured_linears(monkeypatch, sim, held)
     rec = fxflops.recorder()
     with torch.no_grad():
-        for f in fns:
-            f(x)
-        graph = sim.CUDAGraph()
-        with phases.warmup("capture"), sim.graph(graph):
-            for f in fns:
-                f(x)
         for _ in range(10):
             graph.replay()
             sim.step()
@@ -965,16 +955,9 @@ def test_a_reset_during_a_replays_row_lookup_leaves_no_forgotten_row_in_use(sim,
     (another thread's ``fxflops.recorder().reset()``): the row that replay found is one the
     recorder forgot, and the graph does not keep it for its next replays, which count in
     the rows made after the reset."""
-    compile_on_sim(monkeypatch, sim)
-    compiled = torch.compile(torch.nn.Linear(8, 8), backend=fxflops.backend(
-        inner=on_device(sim, 0.5)))
-    x = torch.randn(4, 8)
+    graph = captured_linears(monkeypatch, sim, 1)
     rec = fxflops.recorder()
     with torch.no_grad():
-        compiled(x)
-        graph = sim.CUDAGraph()
-        with phases.warmup("capture"), sim.graph(graph):
-            compiled(x)
         (record,) = rec.graphs
         real = type(record).row_in
         found = []
