@@ -1,6 +1,8 @@
+import atexit
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 import tempfile
 
@@ -12,6 +14,15 @@ import fxflops
 # a peak measured on this host (``fxflops peak --measure``) must not change what the tests
 # see: the suite and every process it starts keep their own cache folder
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fxflops-test-cache-")
+_CACHE_FOLDER, _MADE_BY = os.environ["XDG_CACHE_HOME"], os.getpid()
+
+
+@atexit.register
+def _remove_cache_folder() -> None:
+    if os.getpid() == _MADE_BY:  # (the process that made it, not a fork of it)
+        shutil.rmtree(_CACHE_FOLDER, ignore_errors=True)
+
+
 # ... but vLLM's inspection of each model class (``modelinfos``, keyed by its source's hash:
 # a subprocess that imports vLLM, about 13 s, each time it is missing) is shared by every
 # process of the suite, its workers and the engine runs they start (examples/vllm_tiny.py

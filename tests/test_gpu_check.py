@@ -71,7 +71,7 @@ def rehearsal(monkeypatch, tmp_path):
     # the simulator's graphs have no DOT dump: their nodes are counted from its own list
     monkeypatch.setattr(module, "debug_graph", lambda: sim.CUDAGraph())
     monkeypatch.setattr(module, "graph_nodes", lambda g: len(g._nodes))
-    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))  # the in-flight check sets its own
+    monkeypatch.setenv("FXFLOPS_OUT", str(tmp_path))  # (the in-flight check's flush writes)
     yield module, sim
     cuda_events._CLOCKS.pop(sim.CUDAGraph, None)
 

@@ -410,6 +410,8 @@ LOCKS = {
 }
 
 
+FINALIZE_S = 120.0  # a SIGINT-ed process's finalization after fxflops' last write (below)
+
 SIGNAL_CASES = [*(("SIGTERM", lock) for lock in LOCKS),
                 ("SIGINT", "the CUDA clock's"), ("SIGINT", "a graph record's")]
 
@@ -482,9 +484,9 @@ def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(
     wait for that lock or for the device without bound. Its report is written within 5 s
     of the signal, whole, with the steps served, and the process ends by that signal:
     SIGTERM within 5 s (SIGINT's default action is an exception that unwinds the host's
-    stack and shuts Python down, vLLM included, before the exit's own report: 15 s beyond
-    what that shutdown takes without fxflops; the process ends as one without fxflops
-    ends by it: ``interrupted``)."""
+    stack and shuts Python down, vLLM included, before the exit's own report: that report
+    written 15 s beyond what that shutdown takes without fxflops, the process ended within
+    ``FINALIZE_S`` of it, as one without fxflops ends by it: ``interrupted``)."""
     returncode, ended, stderr, folder = signal_runs[signame, lock]
     marker, out = folder / "signalled", folder / "out"
     assert marker.exists(), (returncode, stderr[-2000:])
@@ -495,7 +497,13 @@ def test_a_signal_inside_an_fxflops_lock_ends_the_process_with_its_report(
     (path,) = out.glob("fxflops-*.json")
     written = path.stat().st_mtime - signalled  # (the last write: SIGINT's is at exit)
     limit = 5.0 if signame == "SIGTERM" else 15.0 + interrupted[1]
-    assert written < limit and took < limit, f"{signame}: report {written:.2f} s, exit {took:.2f} s"
+    # SIGINT: after fxflops' exit flush, only Python's finalization is left, whose garbage
+    # collections walk every object of a process that served a compiled vLLM model (about
+    # 870,000 here, 0.7 s a collection): 5 s here alone, 10 to 16 s with three runs at
+    # once, 31 s on CI's 2-core host beside a busy test worker. Bounded so that a hang shows.
+    ended_by = limit if signame == "SIGTERM" else written + FINALIZE_S
+    assert written < limit and took < ended_by, \
+        f"{signame}: report {written:.2f} s, exit {took:.2f} s"
     (report,) = load_reports([out])
     assert sum(r["calls"] for r in report["forward"]) >= 5
     print(f"{signame} inside {lock} lock: report {written:.2f} s, exit {took:.2f} s after it")

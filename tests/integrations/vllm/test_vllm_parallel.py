@@ -12,11 +12,13 @@ table, counter or ``tune`` input, and is in the JSON with its ``profile`` marker
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from fxflops.outputs.prometheus import node_dir
 from fxflops.report.files import load_reports
 from fxflops.report.merge import merge_rows
 from fxflops.report.rows import flat_rows
@@ -199,6 +201,8 @@ def two_nodes(tmp_path_factory):
     finally:
         for s in servers:
             s.stop()
+        for port in ports:  # (each node's exporter folder, left by design for its next run)
+            shutil.rmtree(node_dir(port), ignore_errors=True)
     return settled
 
 
