@@ -102,15 +102,10 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``vllm`` skip, saying why, where vLLM is not installed (CI's leg on
     another torch, scripts/torch_leg.sh); those marked ``vllm_cpu`` also where vLLM is its
     GPU package (CI's vLLM 0.33 leg, scripts/vllm_leg.sh: no GPU here to run its engine on).
-    Where vllm-cpu is installed, they always run. Then the modules that run vLLM go first
-    (``run_vllm_modules_first``)."""
+    Where vllm-cpu is installed, they always run."""
     package = _vllm_package()
-    if package != "cpu":
-        _skip_where_vllm_cannot_run(items, package)
-    run_vllm_modules_first(items)
-
-
-def _skip_where_vllm_cannot_run(items, package):
+    if package == "cpu":
+        return
     if package is None:
         skip = pytest.mark.skip(reason="needs vLLM, which this environment does not have (a "
                                        "leg on another torch: vllm-cpu 0.32 pins torch 2.13)")
@@ -125,17 +120,3 @@ def _skip_where_vllm_cannot_run(items, package):
         # (tests/integrations/vllm/ is not a mark)
         if any(item.get_closest_marker(mark) is not None for mark in marks):
             item.add_marker(skip)
-
-
-def run_vllm_modules_first(items):
-    """The modules with a vLLM test that runs here first, each module's tests in the order
-    they had (pytest-randomly's shuffle, made before this hook): xdist hands out whole
-    modules (``--dist loadfile``) in this order, and vLLM's are the longest (an engine run
-    or a served simulator takes a minute or more), so that the two workers end together
-    rather than one running the last long module alone."""
-    def runs_vllm(item):
-        return item.get_closest_marker("vllm") is not None and \
-            item.get_closest_marker("skip") is None
-
-    first = {item.path for item in items if runs_vllm(item)}
-    items.sort(key=lambda item: item.path not in first)  # (a stable sort: order kept)
